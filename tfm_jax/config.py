@@ -1,0 +1,228 @@
+"""Config defaults (the paper's base model, §3 and §5) and the Table 3 rows as data.
+
+Every default lives here; experiment files under configs/ override fields of
+`default_config()`. Sections map one-to-one onto constructors: `Transformer(**cfg.model)`,
+`make_optimizer(**cfg.optim)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+import os
+
+import ml_collections
+from ml_collections import config_dict
+
+from tfm_jax.data.config import default_data_config
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Transformer base (§3, Table 3 row "base") trained as in §5 on WMT14 EN-DE."""
+    cfg = ml_collections.ConfigDict()
+
+    cfg.model = ml_collections.ConfigDict()
+    cfg.model.vocab_size = 37000  # §5.1 shared BPE vocabulary "of about 37000 tokens"
+    cfg.model.num_layers = 6  # N, encoder and decoder each
+    cfg.model.d_model = 512
+    cfg.model.d_ff = 2048
+    cfg.model.num_heads = 8
+    cfg.model.d_k = 64  # d_model / h in the paper; set independently for Table 3 row (B)
+    cfg.model.d_v = 64
+    cfg.model.dropout = 0.1  # §5.4 P_drop
+    cfg.model.attention_dropout = 0.0  # not in the paper; tensor2tensor's switch
+    cfg.model.positional = "sinusoidal"  # §3.5; "learned" = Table 3 row (E)
+    cfg.model.norm = "post"  # §3.1; "pre" is the later Pre-LN variant
+    cfg.model.max_len = 256  # position table size; >= data.max_len and decode lengths
+    cfg.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
+
+    cfg.optim = ml_collections.ConfigDict()
+    cfg.optim.d_model = cfg.model.get_ref("d_model")  # the schedule's d_model^-0.5 follows the model
+    cfg.optim.warmup_steps = 4000  # §5.3
+    cfg.optim.lr_factor = 1.0  # 1.0 is the paper's formula
+    cfg.optim.b1 = 0.9
+    cfg.optim.b2 = 0.98
+    cfg.optim.eps = 1e-9
+    cfg.optim.grad_clip_norm = 0.0  # 0 = off (the paper does not clip)
+    cfg.optim.accumulate_steps = 1  # micro-batches per update (reach 25k tokens on few devices)
+
+    cfg.loss = ml_collections.ConfigDict()
+    cfg.loss.label_smoothing = 0.1  # §5.4 eps_ls
+
+    cfg.data = default_data_config()
+    cfg.data.vocab_size = cfg.model.get_ref("vocab_size")
+
+    cfg.train = ml_collections.ConfigDict()
+    cfg.train.num_steps = 100_000  # §5.2 base: 100K steps
+    cfg.train.seed = 0
+    cfg.train.log_every_steps = 100
+    cfg.train.eval_every_steps = 5000
+    cfg.train.checkpoint_every_steps = 0  # 0 = only by wall clock
+    cfg.train.checkpoint_every_secs = 600.0  # §6.1 "checkpoints written at 10-minute intervals"
+    cfg.train.keep_checkpoints = 20  # big models average the last 20 (§6.1)
+    cfg.train.average_last = 5  # §6.1 base averages the last 5 checkpoints
+    cfg.train.nan_at_step = config_dict.placeholder(int)  # test hook: make the loss NaN there
+
+    cfg.decode = ml_collections.ConfigDict()
+    cfg.decode.beam_size = 4  # §6.1
+    cfg.decode.alpha = 0.6  # §6.1 GNMT length penalty
+    cfg.decode.max_extra_len = 50  # §6.1 output length <= input length + 50
+    cfg.decode.tokens_per_batch = 4096  # source tokens per decoding batch
+
+    cfg.mesh = ml_collections.ConfigDict()
+    cfg.mesh.data = -1  # devices on the data-parallel axis; -1 = all that `model` leaves
+    cfg.mesh.model = 1  # devices on the model-parallel (tensor) axis
+    # Logical axis name -> mesh axis. Params and activations name logical axes; these rules place
+    # them. With mesh.model > 1, heads, d_ff and the vocabulary are split Megatron-style.
+    cfg.mesh.rules = (
+        ("batch", "data"),
+        ("heads", "model"),
+        ("mlp", "model"),
+        ("vocab", "model"),
+        ("embed", None),
+        ("kv", None),
+        ("length", None),
+    )
+    return cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperRow:
+    """One row of Table 3: our overrides of base and the paper's reported numbers."""
+
+    overrides: dict
+    ppl: float | None
+    bleu: float | None
+    params_millions: float | None
+
+
+# Table 3 of the paper (EN-DE, newstest2013), rows named as in ../shared/PAPER.md. Params are the
+# paper's column; blank entries there are None here.
+TABLE3: dict[str, PaperRow] = {
+    "base": PaperRow({}, 4.92, 25.8, 65),
+    "A1": PaperRow({"model.num_heads": 1, "model.d_k": 512, "model.d_v": 512}, 5.29, 24.9, None),
+    "A4": PaperRow({"model.num_heads": 4, "model.d_k": 128, "model.d_v": 128}, 5.00, 25.5, None),
+    "A16": PaperRow({"model.num_heads": 16, "model.d_k": 32, "model.d_v": 32}, 4.91, 25.8, None),
+    "A32": PaperRow({"model.num_heads": 32, "model.d_k": 16, "model.d_v": 16}, 5.01, 25.4, None),
+    "B16": PaperRow({"model.d_k": 16}, 5.16, 25.1, 58),
+    "B32": PaperRow({"model.d_k": 32}, 5.01, 25.4, 60),
+    "C2": PaperRow({"model.num_layers": 2}, 6.11, 23.7, 36),
+    "C4": PaperRow({"model.num_layers": 4}, 5.19, 25.3, 50),
+    "C8": PaperRow({"model.num_layers": 8}, 4.88, 25.5, 80),
+    "C256": PaperRow({"model.d_model": 256, "model.d_k": 32, "model.d_v": 32}, 5.75, 24.5, 28),
+    "C1024": PaperRow(
+        {"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128}, 4.66, 26.0, 168
+    ),
+    "Cff1024": PaperRow({"model.d_ff": 1024}, 5.12, 25.4, 53),
+    "Cff4096": PaperRow({"model.d_ff": 4096}, 4.75, 26.2, 90),
+    "D0.0": PaperRow({"model.dropout": 0.0}, 5.77, 24.6, None),
+    "D0.2": PaperRow({"model.dropout": 0.2}, 4.95, 25.5, None),
+    "Dls0.0": PaperRow({"loss.label_smoothing": 0.0}, 4.67, 25.3, None),
+    "Dls0.2": PaperRow({"loss.label_smoothing": 0.2}, 5.47, 25.7, None),
+    "E": PaperRow({"model.positional": "learned"}, 4.92, 25.7, None),
+    "big": PaperRow(
+        {
+            "model.d_model": 1024,
+            "model.d_ff": 4096,
+            "model.num_heads": 16,
+            "model.dropout": 0.3,
+            "train.num_steps": 300_000,
+            "train.average_last": 20,
+        },
+        4.33,
+        26.4,
+        213,
+    ),
+}
+
+
+class ConfigError(ValueError):
+    """A config file, row or override the user got wrong; the message says how to fix it."""
+
+
+def apply_overrides(cfg: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
+    """Sets dotted keys ({"model.d_k": 16}) on a config; unknown keys name the closest valid one."""
+    for dotted, value in overrides.items():
+        node = cfg
+        *parents, leaf = dotted.split(".")
+        for i, name in enumerate(parents + [leaf]):
+            keys = list(node.keys())
+            if name not in keys:
+                where = ".".join(parents[:i]) or "<top level>"
+                close = difflib.get_close_matches(name, keys, n=1)
+                hint = f' Did you mean "{".".join(parents[:i] + close)}"?' if close else ""
+                raise ConfigError(
+                    f'unknown config key "{dotted}": "{name}" is not in {where} '
+                    f"(valid: {', '.join(sorted(keys))}).{hint}"
+                )
+            if i < len(parents):
+                node = node[name]
+        try:
+            node[leaf] = value  # existing keys stay settable on a locked config
+        except TypeError as e:
+            raise ConfigError(f"config key {dotted}: {e}") from None
+    return cfg
+
+
+def table3_config(row: str) -> ml_collections.ConfigDict:
+    """The base config with one Table 3 row's overrides applied."""
+    if row not in TABLE3:
+        close = difflib.get_close_matches(row, list(TABLE3), n=1)
+        hint = f' Did you mean "{close[0]}"?' if close else ""
+        raise ConfigError(f'unknown Table 3 row "{row}"; rows: {", ".join(TABLE3)}.{hint}')
+    cfg = default_config()
+    apply_overrides(cfg, TABLE3[row].overrides)
+    return cfg
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """Loads `path/to/file.py[:arg]` by calling its get_config([arg]), as config_flags does."""
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path!r} does not exist (from --config={spec})")
+    module_spec = importlib.util.spec_from_file_location("_tfm_jax_config", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"{path} defines no get_config() function")
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+    """Early, readable checks of values that would otherwise fail deep inside a jit trace."""
+    m = cfg.model
+    if m.positional not in ("sinusoidal", "learned"):
+        raise ConfigError(f"model.positional={m.positional!r}: use 'sinusoidal' or 'learned'")
+    if m.norm not in ("post", "pre"):
+        raise ConfigError(f"model.norm={m.norm!r}: use 'post' (the paper) or 'pre'")
+    if m.dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"model.dtype={m.dtype!r}: use 'float32' or 'bfloat16'")
+    for key in ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "vocab_size"):
+        if m[key] < 1:
+            raise ConfigError(f"model.{key}={m[key]} must be >= 1")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+    if not 0.0 <= cfg.loss.label_smoothing < 1.0:
+        raise ConfigError(f"loss.label_smoothing={cfg.loss.label_smoothing} must be in [0, 1)")
+    if cfg.data.max_len > m.max_len:
+        raise ConfigError(
+            f"data.max_len={cfg.data.max_len} exceeds model.max_len={m.max_len} (the position "
+            "table): raise model.max_len or lower data.max_len"
+        )
+
+
+def use_wmt14(cfg: ml_collections.ConfigDict, pair: str = "de-en") -> ml_collections.ConfigDict:
+    """Points the data section at tfds WMT14 (§5.1): "de-en" (37k BPE) or "fr-en" (32k)."""
+    if pair not in ("de-en", "fr-en"):
+        raise ConfigError(f"WMT14 pair {pair!r}: use 'de-en' or 'fr-en'")
+    cfg.data.source = "tfds"
+    cfg.data.tfds_name = f"wmt14_translate/{pair}"
+    cfg.data.source_lang = "en"  # §5.1: English -> German, English -> French
+    cfg.data.target_lang = pair.split("-")[0]
+    cfg.data.train_split = "train"
+    cfg.data.eval_split = "validation"  # newstest2013
+    cfg.data.test_split = "test"  # newstest2014
+    cfg.model.vocab_size = 37000 if pair == "de-en" else 32000
+    cfg.data.tokens_per_batch = 25000  # §5.1 ~25k source + ~25k target tokens a step
+    return cfg

@@ -1,0 +1,120 @@
+"""Device mesh, logical-axis rules and multi-host setup.
+
+Params and activations name logical axes ("batch", "heads", "mlp", ...); `cfg.mesh.rules` maps
+them onto the mesh axes ("data", "model"). One jitted program then runs on 1 CPU, 8 simulated
+devices, a GPU box or a TPU pod slice: only the mesh changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+MESH_AXES = ("data", "model")
+
+
+def maybe_initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
+    """Joins a multi-host run when one is configured; a no-op on a single host.
+
+    Explicit arguments (e.g. a 2-process run on localhost) win; otherwise SLURM, Open MPI and TPU
+    pod environments are detected by `jax.distributed.initialize()` itself. Set
+    TFM_JAX_DISTRIBUTED=1 to force auto-detection where no such variable is visible.
+    """
+    if coordinator_address:
+        if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
+            # CPU collectives across processes need an implementation; gloo ships with jaxlib.
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+    elif (
+        os.environ.get("TFM_JAX_DISTRIBUTED") == "1"
+        or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+        or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+    ):
+        jax.distributed.initialize()
+    else:
+        return
+    logging.info(
+        "jax.distributed: process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
+
+
+def make_mesh(data: int = -1, model: int = 1, devices: Sequence | None = None) -> Mesh:
+    """A 2-D ("data", "model") mesh; -1 on data takes every device that `model` leaves."""
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    if model < 1 or n % model:
+        raise ValueError(
+            f"mesh.model={model} must divide the {n} available devices (set --config.mesh.model)"
+        )
+    if data == -1:
+        data = n // model
+    if data * model != n:
+        raise ValueError(
+            f"mesh.data={data} x mesh.model={model} = {data * model} devices, but {n} are "
+            "available: set mesh.data=-1 to use them all, or make the product match"
+        )
+    if jax.process_count() > 1 or len(devices) == jax.device_count():
+        from jax.experimental import mesh_utils
+
+        grid = mesh_utils.create_device_mesh((data, model), devices=devices)
+    else:
+        grid = np.asarray(devices).reshape(data, model)
+    return Mesh(grid, MESH_AXES)
+
+
+def logical_shardings(logical_specs, mesh: Mesh, rules):
+    """Tree of logical PartitionSpecs (nn.get_partition_spec) -> tree of NamedShardings."""
+    return nn.logical_to_mesh_sharding(logical_specs, mesh, tuple(tuple(r) for r in rules))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Batch rows split over "data", replicated over "model"."""
+    return NamedSharding(mesh, P("data"))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Each process's rows -> one global array per key, sharded on the "data" axis.
+
+    On one process this is a device_put; on several, each contributes its local rows
+    (jax.make_array_from_process_local_data), so no host ever holds the whole batch.
+    """
+    sharding = batch_sharding(mesh)
+    return {
+        k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+        for k, v in local_batch.items()
+    }
+
+
+@contextlib.contextmanager
+def sharding_context(mesh: Mesh, rules):
+    """The mesh and logical-axis rules that the model's `with_logical_constraint`s resolve in."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(tuple(tuple(r) for r in rules)):
+        yield
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    return mesh.shape["data"]

@@ -1,0 +1,201 @@
+"""TrainState, the pure train/eval step functions and their sharded, jitted forms."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from jax.sharding import Mesh
+
+from tfm_jax import losses, optim, sharding
+from tfm_jax.transformer import Transformer
+
+Batch = dict[str, jax.Array]
+SEGMENT_KEYS = ("inputs_segmentation", "targets_segmentation", "inputs_position", "targets_position")
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a resumed run needs besides the data position: Adam's moments included."""
+
+    step: jax.Array  # int32 []: train_step calls so far (micro-steps under accumulation)
+    params: Any
+    opt_state: Any
+    rng: jax.Array  # uint32 [2]: dropout rngs are fold_in(rng, step)
+
+
+def make_model(cfg: ml_collections.ConfigDict) -> Transformer:
+    return Transformer(**cfg.model)
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    return optim.make_optimizer(**cfg.optim)
+
+
+def _dummy_batch(length: int = 8) -> tuple[jax.Array, jax.Array]:
+    return jnp.ones((1, length), jnp.int32), jnp.ones((1, length), jnp.int32)
+
+
+def model_forward(model: Transformer, params, batch: Batch, *, deterministic: bool, rngs=None):
+    """Teacher-forced logits for a batch dict (packed or not)."""
+    extra = {k: batch[k] for k in SEGMENT_KEYS if k in batch}
+    return model.apply(
+        {"params": params},
+        batch["inputs"],
+        batch["targets"],
+        **extra,
+        deterministic=deterministic,
+        rngs=rngs,
+    )
+
+
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    model: Transformer,
+    tx: optax.GradientTransformation,
+    label_smoothing: float,
+    nan_at_step: int | None = None,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step on one batch: mean smoothed loss over the batch's target tokens."""
+    dropout_rng = jax.random.fold_in(state.rng, state.step)
+
+    def loss_fn(params):
+        logits = model_forward(
+            model, params, batch, deterministic=False, rngs={"dropout": dropout_rng}
+        )
+        sums = losses.cross_entropy_sums(logits, batch["targets"], label_smoothing)
+        loss = sums["loss"] / jnp.maximum(sums["tokens"], 1.0)
+        if nan_at_step is not None:  # test hook (train.nan_at_step)
+            loss = jnp.where(state.step == nan_at_step, jnp.nan, loss)
+        return loss, sums
+
+    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(sums)
+    metrics["loss"] = jnp.where(jnp.isfinite(loss), sums["loss"], jnp.nan)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def eval_step(params, batch: Batch, *, model: Transformer, label_smoothing: float):
+    """Summed loss / NLL / accuracy / token count of one batch (normalize on the host)."""
+    logits = model_forward(model, params, batch, deterministic=True)
+    return losses.cross_entropy_sums(logits, batch["targets"], label_smoothing)
+
+
+@dataclasses.dataclass
+class Trainer:
+    """The model, optimizer and mesh of a run, with its jitted, sharded step functions."""
+
+    cfg: ml_collections.ConfigDict
+    mesh: Mesh
+    model: Transformer
+    tx: optax.GradientTransformation
+    state_shardings: Any
+    abstract_state: Any  # TrainState of jax.ShapeDtypeStruct with shardings (for restoring)
+    init_fn: Callable[[jax.Array], TrainState]
+    train_step_fn: Callable[[TrainState, Batch], tuple[TrainState, dict]]
+    eval_step_fn: Callable[[Any, Batch], dict]
+
+    @property
+    def param_shardings(self):
+        return self.state_shardings.params
+
+    def init_state(self, seed: int) -> TrainState:
+        with self.context():
+            return self.init_fn(jax.random.PRNGKey(seed))
+
+    def context(self):
+        return sharding.sharding_context(self.mesh, self.cfg.mesh.rules)
+
+    def train_step(self, state: TrainState, batch: Batch):
+        with self.context():
+            return self.train_step_fn(state, batch)
+
+    def eval_step(self, params, batch: Batch):
+        with self.context():
+            return self.eval_step_fn(params, batch)
+
+
+def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Trainer:
+    """Builds the model and optimizer, derives every sharding from logical axis names, and jits.
+
+    Shapes come from jax.eval_shape (no weights are allocated until init_state); params, Adam
+    moments and gradient accumulators inherit the params' logical axes, so with mesh.model > 1
+    they are split the same way.
+    """
+    mesh = mesh or sharding.make_mesh(cfg.mesh.data, cfg.mesh.model)
+    model = make_model(cfg)
+    tx = make_optimizer(cfg)
+
+    def boxed_init(rng):
+        inputs, targets = _dummy_batch()
+        params = model.init(rng, inputs, targets)["params"]
+        # optax maps over the LogicallyPartitioned boxes, so its state carries the axis names too
+        return TrainState(
+            step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=rng
+        )
+
+    rng_shape = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    with sharding.sharding_context(mesh, cfg.mesh.rules):
+        abstract_boxed = jax.eval_shape(boxed_init, rng_shape)
+    specs = nn.get_partition_spec(abstract_boxed)
+    state_shardings = sharding.logical_shardings(specs, mesh, cfg.mesh.rules)
+    abstract_state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        nn.unbox(abstract_boxed),
+        state_shardings,
+    )
+
+    init_fn = jax.jit(lambda rng: nn.unbox(boxed_init(rng)), out_shardings=state_shardings)
+    metric_sharding = sharding.replicated(mesh)
+    batch_sharding = sharding.batch_sharding(mesh)
+    step = functools.partial(
+        train_step,
+        model=model,
+        tx=tx,
+        label_smoothing=cfg.loss.label_smoothing,
+        nan_at_step=cfg.train.nan_at_step,
+    )
+    train_step_fn = jax.jit(
+        step,
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, metric_sharding),
+        donate_argnums=(0,),
+    )
+    eval_fn = jax.jit(
+        functools.partial(eval_step, model=model, label_smoothing=cfg.loss.label_smoothing),
+        in_shardings=(state_shardings.params, batch_sharding),
+        out_shardings=metric_sharding,
+    )
+    return Trainer(
+        cfg=cfg,
+        mesh=mesh,
+        model=model,
+        tx=tx,
+        state_shardings=state_shardings,
+        abstract_state=abstract_state,
+        init_fn=init_fn,
+        train_step_fn=train_step_fn,
+        eval_step_fn=eval_fn,
+    )
+
+
+def count_params(cfg: ml_collections.ConfigDict) -> int:
+    """Parameter count of cfg.model from shapes alone (jax.eval_shape: nothing is allocated)."""
+    model = make_model(cfg)
+    inputs, targets = _dummy_batch()
+    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), inputs, targets)["params"]
+    return sum(int(x.size) for x in jax.tree.leaves(nn.unbox(shapes)))

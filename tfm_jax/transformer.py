@@ -1,0 +1,302 @@
+"""§3.1 The encoder-decoder stack: layers, stacks and the Transformer with encode()/decode()."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from tfm_jax import attention
+from tfm_jax.attention import MultiHeadAttention
+from tfm_jax.embeddings import PositionalEncoding, SharedEmbedding
+from tfm_jax.vocab_ids import BOS_ID, PAD_ID
+
+Array = jax.Array
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+NORMS = ("post", "pre")
+POSITIONALS = ("sinusoidal", "learned")
+
+
+class FeedForward(nn.Module):
+    """§3.3 FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    d_model: int
+    d_ff: int
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        init = nn.initializers.xavier_uniform()
+        h = nn.Dense(
+            self.d_ff,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+            name="wi",
+        )(x)
+        h = nn.relu(h)  # [b, l, d_ff]
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        return nn.Dense(
+            self.d_model,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="wo",
+        )(h)
+
+
+class SubLayer(nn.Module):
+    """§5.4 residual connection around one sub-layer, with dropout on its output.
+
+    norm="post" is the paper's LayerNorm(x + Dropout(Sublayer(x))); norm="pre" is the later Pre-LN
+    variant x + Dropout(Sublayer(LayerNorm(x))) (Xiong et al. 2020), which needs a final LayerNorm
+    on each stack (added by the stacks).
+    """
+
+    norm: str
+    dropout: float
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array, fn, *, deterministic: bool) -> Array:
+        ln = nn.LayerNorm(
+            epsilon=1e-6,
+            dtype=self.dtype,
+            scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="norm",
+        )
+        drop = nn.Dropout(rate=self.dropout)
+        if self.norm == "post":
+            return ln(x + drop(fn(x), deterministic=deterministic))
+        return x + drop(fn(ln(x)), deterministic=deterministic)
+
+
+class EncoderLayer(nn.Module):
+    """§3.1 encoder layer: self-attention, then FFN, each a residual sub-layer."""
+
+    d_model: int
+    d_ff: int
+    num_heads: int
+    d_k: int
+    d_v: int
+    dropout: float
+    attention_dropout: float
+    norm: str
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
+        attn = MultiHeadAttention(
+            self.num_heads, self.d_k, self.d_v, self.d_model, self.attention_dropout,
+            dtype=self.dtype, name="self_attention",
+        )  # fmt: skip
+        x = SubLayer(self.norm, self.dropout, self.dtype, name="attention_block")(
+            x, lambda y: attn(y, y, mask, deterministic=deterministic), deterministic=deterministic
+        )
+        ffn = FeedForward(self.d_model, self.d_ff, dtype=self.dtype, name="ffn")
+        x = SubLayer(self.norm, self.dropout, self.dtype, name="ffn_block")(
+            x, ffn, deterministic=deterministic
+        )
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class DecoderLayer(nn.Module):
+    """§3.1 decoder layer: masked self-attention, encoder-decoder attention, FFN."""
+
+    d_model: int
+    d_ff: int
+    num_heads: int
+    d_k: int
+    d_v: int
+    dropout: float
+    attention_dropout: float
+    norm: str
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(
+        self,
+        y: Array,
+        encoded: Array,
+        self_mask: Array | None,
+        cross_mask: Array,
+        *,
+        deterministic: bool,
+        decode: bool,
+    ) -> Array:
+        def mha(name):
+            return MultiHeadAttention(
+                self.num_heads, self.d_k, self.d_v, self.d_model, self.attention_dropout,
+                dtype=self.dtype, name=name,
+            )  # fmt: skip
+
+        self_attn, cross_attn = mha("self_attention"), mha("cross_attention")
+        y = SubLayer(self.norm, self.dropout, self.dtype, name="self_attention_block")(
+            y,
+            lambda z: self_attn(z, z, self_mask, deterministic=deterministic, decode=decode),
+            deterministic=deterministic,
+        )
+        y = SubLayer(self.norm, self.dropout, self.dtype, name="cross_attention_block")(
+            y,
+            lambda z: cross_attn(z, encoded, cross_mask, deterministic=deterministic),
+            deterministic=deterministic,
+        )
+        ffn = FeedForward(self.d_model, self.d_ff, dtype=self.dtype, name="ffn")
+        y = SubLayer(self.norm, self.dropout, self.dtype, name="ffn_block")(
+            y, ffn, deterministic=deterministic
+        )
+        return nn.with_logical_constraint(y, ("batch", "length", "embed"))
+
+
+def shift_right(targets: Array, positions: Array | None = None) -> Array:
+    """Decoder inputs <bos> y1 .. y_{n-1} from targets y1 .. y_n <eos> (labels stay unshifted).
+
+    In packed rows every example starts at position 0, so BOS goes there too. Padding stays PAD so
+    that the decoder's key-padding mask can be read off the decoder inputs.
+    """
+    shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=BOS_ID)[:, :-1]
+    if positions is not None:
+        shifted = jnp.where(positions == 0, BOS_ID, shifted)
+    return jnp.where(targets == PAD_ID, PAD_ID, shifted)
+
+
+class Transformer(nn.Module):
+    """§3 The Transformer: encoder and decoder stacks over one shared embedding.
+
+    Fields map one-to-one onto the `model` section of the config: `Transformer(**cfg.model)`.
+    """
+
+    vocab_size: int
+    num_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    d_k: int = 64
+    d_v: int = 64
+    dropout: float = 0.1  # §5.4 P_drop: sub-layer outputs and embedding+position sums
+    attention_dropout: float = 0.0  # not in the paper (tensor2tensor's switch); 0 = off
+    positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
+    norm: str = "post"  # §3.1 post-LN; "pre" is the later Pre-LN variant
+    max_len: int = 256  # size of the position table: longest source/target sequence
+    dtype: str = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
+
+    def setup(self):
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"model.positional={self.positional!r}; choose one of {POSITIONALS}")
+        if self.norm not in NORMS:
+            raise ValueError(f"model.norm={self.norm!r}; choose one of {NORMS}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype={self.dtype!r}; choose one of {tuple(DTYPES)}")
+        dtype = DTYPES[self.dtype]
+        layer_kw = dict(
+            d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads, d_k=self.d_k,
+            d_v=self.d_v, dropout=self.dropout, attention_dropout=self.attention_dropout,
+            norm=self.norm, dtype=dtype,
+        )  # fmt: skip
+        self.embed = SharedEmbedding(self.vocab_size, self.d_model, dtype=dtype)
+        self.src_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
+        self.tgt_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
+        self.encoder_layers = [
+            EncoderLayer(**layer_kw, name=f"encoder_{i}") for i in range(self.num_layers)
+        ]
+        self.decoder_layers = [
+            DecoderLayer(**layer_kw, name=f"decoder_{i}") for i in range(self.num_layers)
+        ]
+        self.embed_dropout = nn.Dropout(self.dropout)
+        if self.norm == "pre":
+            self.encoder_norm = nn.LayerNorm(epsilon=1e-6, dtype=dtype)
+            self.decoder_norm = nn.LayerNorm(epsilon=1e-6, dtype=dtype)
+
+    def encode(
+        self,
+        inputs: Array,
+        inputs_segmentation: Array | None = None,
+        inputs_position: Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> Array:
+        """Source ids [b, s] (PAD=0) -> encoder output [b, s, d_model]."""
+        valid = inputs != PAD_ID
+        mask = attention.padding_mask(valid, valid)  # [b, 1, s, s]
+        if inputs_segmentation is not None:
+            mask &= attention.segment_mask(inputs_segmentation, inputs_segmentation)
+        x = self.src_pos(self.embed(inputs), inputs_position)
+        x = self.embed_dropout(x, deterministic=deterministic)
+        x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+        for layer in self.encoder_layers:
+            x = layer(x, mask, deterministic=deterministic)
+        if self.norm == "pre":
+            x = self.encoder_norm(x)
+        return x
+
+    def decode(
+        self,
+        encoded: Array,
+        inputs: Array,
+        decoder_inputs: Array,
+        *,
+        inputs_segmentation: Array | None = None,
+        targets_segmentation: Array | None = None,
+        targets_position: Array | None = None,
+        deterministic: bool = True,
+        decode: bool = False,
+    ) -> Array:
+        """Decoder inputs [b, t] (<bos> y1..; PAD=0) + encoder output -> logits [b, t, vocab].
+
+        decode=True runs one position per call with the key/value cache ("cache" collection,
+        created by init() with decode=True and full-length decoder_inputs): decoder_inputs is
+        [b, 1], the next position, counted by the cache.
+        """
+        src_valid = inputs != PAD_ID
+        if decode:
+            self_mask = None  # the cache builds the causal mask from its index
+            cross_mask = jnp.broadcast_to(
+                src_valid[:, None, None, :], (inputs.shape[0], 1, 1, inputs.shape[1])
+            )
+        else:
+            tgt_valid = decoder_inputs != PAD_ID
+            self_mask = attention.padding_mask(tgt_valid, tgt_valid)
+            self_mask &= attention.causal_mask(decoder_inputs.shape[1])
+            cross_mask = attention.padding_mask(tgt_valid, src_valid)
+            if targets_segmentation is not None:
+                self_mask &= attention.segment_mask(targets_segmentation, targets_segmentation)
+                cross_mask &= attention.segment_mask(targets_segmentation, inputs_segmentation)
+        y = self.tgt_pos(self.embed(decoder_inputs), targets_position, decode=decode)
+        y = self.embed_dropout(y, deterministic=deterministic)
+        y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
+        for layer in self.decoder_layers:
+            y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode)
+        if self.norm == "pre":
+            y = self.decoder_norm(y)
+        logits = self.embed.attend(y)  # §3.4 tied pre-softmax projection
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+    def __call__(
+        self,
+        inputs: Array,
+        targets: Array,
+        inputs_segmentation: Array | None = None,
+        targets_segmentation: Array | None = None,
+        inputs_position: Array | None = None,
+        targets_position: Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> Array:
+        """Teacher forcing: source [b, s], targets y1..y_n <eos> [b, t] -> logits [b, t, vocab]."""
+        encoded = self.encode(
+            inputs, inputs_segmentation, inputs_position, deterministic=deterministic
+        )
+        return self.decode(
+            encoded,
+            inputs,
+            shift_right(targets, targets_position),
+            inputs_segmentation=inputs_segmentation,
+            targets_segmentation=targets_segmentation,
+            targets_position=targets_position,
+            deterministic=deterministic,
+        )
