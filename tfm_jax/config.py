@@ -7,6 +7,7 @@ Every default lives here; experiment files under configs/ override fields of
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import importlib.util
@@ -165,6 +166,33 @@ def apply_overrides(cfg: ml_collections.ConfigDict, overrides: dict) -> ml_colle
     return cfg
 
 
+def parse_override_value(cfg: ml_collections.ConfigDict, dotted: str, text: str):
+    """Command-line text -> a value of the type the config field already has."""
+    node = cfg
+    *parents, leaf = dotted.split(".")
+    try:
+        for name in parents:
+            node = node[name]
+        kind = node.get_type(leaf)
+    except (KeyError, AttributeError):
+        apply_overrides(cfg.copy_and_resolve_references(), {dotted: None})  # raises, with a hint
+        raise
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+        if kind in (int, float):
+            return kind(float(text)) if kind is int and "e" in text.lower() else kind(text)
+        if kind in (tuple, list, dict):
+            return kind(ast.literal_eval(text))
+        return text
+    except (ValueError, SyntaxError):
+        raise ConfigError(
+            f"--config.{dotted}={text!r}: expected a {kind.__name__} like the default"
+        ) from None
+
+
 def table3_config(row: str) -> ml_collections.ConfigDict:
     """The base config with one Table 3 row's overrides applied."""
     if row not in TABLE3:
@@ -225,4 +253,31 @@ def use_wmt14(cfg: ml_collections.ConfigDict, pair: str = "de-en") -> ml_collect
     cfg.data.test_split = "test"  # newstest2014
     cfg.model.vocab_size = 37000 if pair == "de-en" else 32000
     cfg.data.tokens_per_batch = 25000  # §5.1 ~25k source + ~25k target tokens a step
+    return cfg
+
+
+def config_from_json(text: str | dict) -> ml_collections.ConfigDict:
+    """A run's saved config (cfg.to_json()) back onto default_config(), keeping field types.
+
+    Going through the defaults (rather than ConfigDict(json.loads(...))) keeps placeholders
+    typed and tuples as tuples, so `--config.*` overrides on a saved run behave as on a file.
+    """
+    import json
+
+    saved = json.loads(text) if isinstance(text, str) else text
+    cfg = default_config()
+
+    def assign(node, values, prefix):
+        for key, value in values.items():
+            dotted = f"{prefix}{key}"
+            if key not in node:
+                raise ConfigError(f"saved config has key {dotted!r} that this version lacks")
+            if isinstance(node[key], ml_collections.ConfigDict):
+                assign(node[key], value, dotted + ".")
+                continue
+            if isinstance(value, list):
+                value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+            node[key] = value
+
+    assign(cfg, saved, "")
     return cfg

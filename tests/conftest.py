@@ -1,0 +1,37 @@
+"""Shared fixtures: a tiny model config that compiles in seconds on one CPU core."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+from tfm_jax import config as config_lib  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
+
+
+def tiny_config(**overrides):
+    """default_config() shrunk to a 2-layer, d_model 32 model over a 64-token vocabulary."""
+    cfg = config_lib.default_config()
+    tiny = {
+        "model.vocab_size": 64,
+        "model.num_layers": 2,
+        "model.d_model": 32,
+        "model.d_ff": 64,
+        "model.num_heads": 4,
+        "model.d_k": 8,
+        "model.d_v": 8,
+        "model.max_len": 64,
+        "data.max_len": 64,
+        "optim.warmup_steps": 10,
+    }
+    tiny.update(overrides)
+    config_lib.apply_overrides(cfg, tiny)
+    return cfg
+
+
+@pytest.fixture
+def tiny_cfg():
+    return tiny_config()

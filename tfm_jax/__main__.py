@@ -1,0 +1,102 @@
+"""Thin CLI: `python -m tfm_jax train|evaluate|translate|average|attention|params ...`.
+
+Configs: `--config=configs/small.py` (or `configs/table3.py:C256` for a Table 3 row), then any
+number of `--config.section.key=value` overrides. A mistyped key is an error naming the closest
+valid key. Commands that take `--workdir` without `--config` start from the config the run saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from tfm_jax import config as config_lib
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Pulls `--config.a.b=v` (or `--config.a.b v`) out of argv; returns (rest, {"a.b": "v"})."""
+    rest, overrides = [], {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--config."):
+            key, eq, value = arg[len("--config.") :].partition("=")
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise config_lib.ConfigError(f"{arg} needs a value: {arg}=VALUE")
+                value = argv[i + 1]
+                i += 1
+            overrides[key] = value
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, overrides
+
+
+def build_config(spec: str | None, overrides: dict[str, str], workdir: str | None = None):
+    """--config file (or the workdir's saved config) + typed overrides, validated and locked."""
+    if spec:
+        cfg = config_lib.load_config_file(spec)
+    elif workdir:
+        from tfm_jax import checkpoint
+
+        cfg = config_lib.config_from_json(checkpoint.read_config_json(workdir))
+    else:
+        raise config_lib.ConfigError("give --config=configs/<file>.py (or --workdir of a run)")
+    cfg = cfg.copy_and_resolve_references() if not overrides else cfg
+    for key, text in overrides.items():
+        config_lib.apply_overrides(cfg, {key: config_lib.parse_override_value(cfg, key, text)})
+    cfg.lock()
+    config_lib.validate(cfg)
+    return cfg
+
+
+def cmd_params(args, overrides) -> int:
+    """Parameter count of each config (every Table 3 row for configs/table3.py without a row)."""
+    from tfm_jax import train
+
+    path, _, row = args.config.partition(":")
+    rows = list(config_lib.TABLE3) if os.path.basename(path) == "table3.py" and not row else None
+    overrides.setdefault("model.vocab_size", str(args.vocab_size))
+    report = {}
+    for name in rows or [row or os.path.splitext(os.path.basename(path))[0]]:
+        spec = f"{path}:{name}" if rows else args.config
+        cfg = build_config(spec, dict(overrides))
+        paper = config_lib.TABLE3[name].params_millions if name in config_lib.TABLE3 else None
+        report[name] = {"params": train.count_params(cfg), "paper_millions": paper}
+    if args.json:
+        print(json.dumps({"vocab_size": int(overrides["model.vocab_size"]), "rows": report}))
+        return 0
+    print(f"{'row':<9} {'params (M)':>10} {'paper (M)':>10} {'ratio':>7}")
+    for name, r in report.items():
+        ours = r["params"] / 1e6
+        paper = r["paper_millions"]
+        ratio = f"{ours / paper:7.3f}" if paper else "      -"
+        print(f"{name:<9} {ours:10.1f} {paper if paper else '-':>10} {ratio}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv, overrides = split_overrides(argv)
+        parser = argparse.ArgumentParser(prog="python -m tfm_jax", description=__doc__)
+        sub = parser.add_subparsers(dest="command", required=True)
+
+        p = sub.add_parser("params", help="parameter counts beside the paper's column")
+        p.add_argument("--config", required=True)
+        p.add_argument("--vocab_size", type=int, default=37000)
+        p.add_argument("--json", action="store_true")
+        p.set_defaults(fn=cmd_params)
+
+        args = parser.parse_args(argv)
+        return args.fn(args, overrides)
+    except config_lib.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
