@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
 from tfm_jax import config as config_lib
+
+
+def _user_facing_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user can cause (bad data, missing checkpoint, NaN loss): a message, no traceback."""
+    from tfm_jax import checkpoint, data, loop
+
+    return (
+        data.DataError,
+        checkpoint.CheckpointNotFoundError,
+        checkpoint.CheckpointRestoreError,
+        checkpoint.NonFiniteStateError,
+        loop.NonFiniteLossError,
+        FileNotFoundError,
+    )
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -78,8 +93,55 @@ def cmd_params(args, overrides) -> int:
     return 0
 
 
+def cmd_train(args, overrides) -> int:
+    """Trains (or resumes from the newest checkpoint in --workdir) to train.num_steps."""
+    from tfm_jax import loop, sharding
+
+    sharding.maybe_initialize_distributed(
+        args.coordinator_address, args.num_processes, args.process_id
+    )
+    cfg = build_config(args.config, overrides)
+    metrics = loop.train_and_evaluate(cfg, args.workdir)
+    print(json.dumps({"workdir": args.workdir, **metrics}))
+    return 0
+
+
+def cmd_average(args, overrides) -> int:
+    """Averages the params of the last N checkpoints into <workdir>/averaged (§6.1)."""
+    from tfm_jax import checkpoint, train
+
+    cfg = build_config(args.config, overrides, workdir=args.workdir)
+    trainer = train.make_trainer(cfg)
+    result = checkpoint.average_checkpoints(
+        args.workdir, args.last or cfg.train.average_last, trainer.abstract_state.params
+    )
+    print(json.dumps({"averaged": result.path, "steps": result.steps}))
+    return 0
+
+
+def cmd_plot(args, overrides) -> int:
+    """Learning curves (train loss, eval perplexity, tokens/s) from metrics.jsonl as a PNG."""
+    from tfm_jax import plots
+
+    out = plots.plot_learning_curves(args.workdir, args.out)
+    print(out)
+    return 0
+
+
+def _setup_logging() -> None:
+    """tfm_jax's own progress messages at INFO on stderr; libraries stay at WARNING."""
+    logger = logging.getLogger("tfm_jax")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _setup_logging()
     try:
         argv, overrides = split_overrides(argv)
         parser = argparse.ArgumentParser(prog="python -m tfm_jax", description=__doc__)
@@ -91,11 +153,42 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--json", action="store_true")
         p.set_defaults(fn=cmd_params)
 
+        p = sub.add_parser("train", help="train, or resume from the newest checkpoint")
+        p.add_argument("--config", required=True)
+        p.add_argument("--workdir", required=True)
+        p.add_argument("--coordinator_address", default=None, help="host:port of process 0")
+        p.add_argument("--num_processes", type=int, default=None)
+        p.add_argument("--process_id", type=int, default=None)
+        p.set_defaults(fn=cmd_train)
+
+        p = sub.add_parser("average", help="average the last N checkpoints (§6.1)")
+        p.add_argument("--workdir", required=True)
+        p.add_argument("--config", default=None, help="default: the run's saved config")
+        p.add_argument("--last", type=int, default=0, help="default: train.average_last")
+        p.set_defaults(fn=cmd_average)
+
+        p = sub.add_parser("plot", help="learning curves from <workdir>/metrics.jsonl (PNG)")
+        p.add_argument("--workdir", required=True)
+        p.add_argument("--out", default=None, help="default: <workdir>/learning_curves.png")
+        p.set_defaults(fn=cmd_plot)
+
+        try:
+            from tfm_jax import inference
+        except ImportError:  # pragma: no cover - the decoding commands live in inference.py
+            inference = None
+        if inference is not None and hasattr(inference, "add_commands"):
+            inference.add_commands(sub)
+
         args = parser.parse_args(argv)
         return args.fn(args, overrides)
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if isinstance(e, _user_facing_errors()):
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        raise
 
 
 if __name__ == "__main__":

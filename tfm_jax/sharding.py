@@ -33,9 +33,10 @@ def maybe_initialize_distributed(
     TFM_JAX_DISTRIBUTED=1 to force auto-detection where no such variable is visible.
     """
     if coordinator_address:
-        if jax.default_backend() == "cpu" or os.environ.get("JAX_PLATFORMS", "") == "cpu":
-            # CPU collectives across processes need an implementation; gloo ships with jaxlib.
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        # CPU collectives across processes need an implementation; gloo ships with jaxlib. It
+        # only affects the CPU backend, and asking which backend is in use would initialize it
+        # (which jax.distributed.initialize must precede).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(
             coordinator_address=coordinator_address,
             num_processes=num_processes,

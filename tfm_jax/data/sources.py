@@ -141,9 +141,16 @@ def read_folder_split(folder: str, split: str, source_lang: str, target_lang: st
         if not os.path.isfile(p):
             have = sorted(os.listdir(folder)) if os.path.isdir(folder) else None
             where = f"the folder holds {have}" if have is not None else f"{folder} does not exist"
+            hint = ""
+            if have is None:
+                hint = (
+                    " The quickstart expects Multi30k at ../shared/data/multi30k (relative to the "
+                    "repository root; pass --config.data.dir=<folder>). To train on WMT14 through "
+                    "tensorflow-datasets instead: --config=configs/base.py (data.source=tfds)."
+                )
             raise DataError(
                 f"{p}: file not found ({where}). Expected `{{split}}.{{lang}}` files; "
-                f"check data.dir, the split name and data.source_lang/data.target_lang."
+                f"check data.dir, the split name and data.source_lang/data.target_lang.{hint}"
             )
     src, tgt = _read_lines(paths[0]), _read_lines(paths[1])
     if len(src) != len(tgt):

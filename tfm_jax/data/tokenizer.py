@@ -25,6 +25,7 @@ class Tokenizer:
     def __init__(self, model_proto: bytes, num_threads: int = 1):
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         self._num_threads = num_threads
+        self.path: str | None = None  # the file it came from, when it came from one
         got = (self._sp.pad_id(), self._sp.eos_id(), self._sp.bos_id(), self._sp.unk_id())
         if got != (PAD_ID, EOS_ID, BOS_ID, UNK_ID):
             raise DataError(
@@ -144,7 +145,9 @@ def get_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
         path = os.path.join(workdir, "vocab", f"spm_{cfg.vocab_size}_{digest}.model")
     if os.path.exists(path):
         log.info("Loading sentencepiece model %s", path)
-        return Tokenizer.load(path, cfg.num_workers)
+        tokenizer = Tokenizer.load(path, cfg.num_workers)
+        tokenizer.path = path
+        return tokenizer
     log.info("Training a %d-piece BPE vocabulary into %s", cfg.vocab_size, path)
     proto = train_sentencepiece(cfg)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -152,4 +155,6 @@ def get_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
     with open(tmp, "wb") as f:
         f.write(proto)
     os.replace(tmp, path)  # atomic: concurrent processes never read half a model
-    return Tokenizer(proto, cfg.num_workers)
+    tokenizer = Tokenizer(proto, cfg.num_workers)
+    tokenizer.path = path  # a run pins this in its saved config (data.vocab_path)
+    return tokenizer

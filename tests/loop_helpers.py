@@ -1,0 +1,59 @@
+"""Tiny parallel-text runs for the training-loop and CLI tests."""
+
+import os
+
+from conftest import SHARED_DATA, tiny_config
+
+MULTI30K = os.path.join(SHARED_DATA, "multi30k")
+
+
+def write_tiny_corpus(folder, n_train=1500, n_val=64):
+    """The first lines of Multi30k as a small {split}.{lang} folder (made per test, not copied
+    into the repo)."""
+    os.makedirs(folder, exist_ok=True)
+    for split, src_split, n in (("train", "train", n_train), ("val", "val", n_val)):
+        for lang in ("en", "de"):
+            with open(os.path.join(MULTI30K, f"{src_split}.{lang}"), encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            with open(os.path.join(folder, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                f.writelines(lines)
+    return folder
+
+
+def tiny_run_overrides(data_dir, **extra):
+    """Dotted overrides (as the CLI takes them) for a seconds-long run on the tiny corpus."""
+    o = {
+        "model.vocab_size": 256,
+        "model.num_layers": 1,
+        "model.d_model": 32,
+        "model.d_ff": 64,
+        "model.num_heads": 2,
+        "model.d_k": 16,
+        "model.d_v": 16,
+        "model.max_len": 64,
+        "data.dir": str(data_dir),
+        "data.max_len": 64,
+        "data.tokens_per_batch": 512,
+        "data.packing": True,
+        "data.packed_length": 64,
+        "data.test_split": "val",
+        "optim.warmup_steps": 20,
+        "train.num_steps": 12,
+        "train.log_every_steps": 4,
+        "train.eval_every_steps": 6,
+        "train.checkpoint_every_steps": 4,
+        "train.checkpoint_every_secs": 0.0,
+        "train.keep_checkpoints": 5,
+        "train.average_last": 2,
+        "decode.max_extra_len": 10,
+    }
+    o.update(extra)
+    return o
+
+
+def tiny_run_config(data_dir, **extra):
+    return tiny_config(**tiny_run_overrides(data_dir, **extra))
+
+
+def cli_args(overrides):
+    return [f"--config.{k}={v}" for k, v in overrides.items()]

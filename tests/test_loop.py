@@ -1,0 +1,163 @@
+"""The training loop: resume exactness after SIGKILL, NaN stop, averaging, corrupt fallback,
+the 2-process jax.distributed run, and the CLI end to end."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+
+from tfm_jax import checkpoint, loop, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def cli(args, **kw):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfm_jax", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
+
+
+def final_params(workdir, cfg):
+    trainer = train.make_trainer(cfg)
+    return jax.device_get(
+        checkpoint.load_params(workdir, "latest", trainer.abstract_state.params)
+    )
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_bitwise_exact(corpus, tmp_path):
+    overrides = tiny_run_overrides(corpus, **{"train.num_steps": 60, "train.log_every_steps": 5,
+                                              "train.eval_every_steps": 1000,
+                                              "train.checkpoint_every_steps": 5})  # fmt: skip
+    args = ["train", "--config=configs/small.py"] + cli_args(overrides)
+    straight = tmp_path / "straight"
+    p = cli(args + [f"--workdir={straight}"])
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+
+    killed = tmp_path / "killed"
+    p = cli(args + [f"--workdir={killed}"])
+    # kill -9 as soon as a checkpoint is committed, mid-run
+    deadline = time.time() + 300
+    ckpts = killed / "checkpoints"
+    while time.time() < deadline and p.poll() is None:
+        if ckpts.exists() and any(d.name.isdigit() for d in ckpts.iterdir()):
+            break
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    steps = [int(d.name) for d in ckpts.iterdir() if d.name.isdigit()]
+    assert steps and max(steps) < 60, steps  # killed mid-run, after a checkpoint
+    p = cli(args + [f"--workdir={killed}"])
+    out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    assert "Resumed from step" in err
+
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 60})
+    a, b = final_params(straight, cfg), final_params(killed, cfg)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)  # bitwise on CPU
+
+
+def test_nan_stops_training_without_a_nan_checkpoint(corpus, tmp_path):
+    cfg = tiny_run_config(corpus, **{"train.nan_at_step": 6, "train.num_steps": 12})
+    with pytest.raises(loop.NonFiniteLossError, match=r"step 8.*last good checkpoint is step 4"):
+        loop.train_and_evaluate(cfg, str(tmp_path))
+    # the checkpoint at step 8 (after the NaN at step 7) was never written
+    assert checkpoint.Checkpointer(
+        tmp_path, every_steps=0, every_secs=0, keep=5
+    ).all_steps() == [4]
+
+
+def test_corrupt_newest_checkpoint_falls_back_and_resumes(corpus, tmp_path):
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 8})
+    loop.train_and_evaluate(cfg, str(tmp_path))
+    newest = tmp_path / "checkpoints" / "8"
+    for f in newest.rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "state" in str(f):
+            f.write_bytes(b"garbage")  # a half-written / corrupted newest checkpoint
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 12})
+    run = loop.setup_run(cfg, str(tmp_path))
+    assert run.start_step == 4  # restored the previous one, with a warning
+    loop.train_loop(run)
+    run.checkpointer.close()
+
+
+def test_averaging_cli_equals_mean_of_inputs(corpus, tmp_path):
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 8})
+    loop.train_and_evaluate(cfg, str(tmp_path))
+    p = cli(["average", f"--workdir={tmp_path}", "--last=2"])
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == [4, 8]
+    trainer = train.make_trainer(cfg)
+    abstract = trainer.abstract_state.params
+    p4, p8 = (checkpoint.load_params(tmp_path, s, abstract) for s in ("4", "8"))
+    avg = checkpoint.load_params(tmp_path, "averaged", abstract)
+    for a, x, y in zip(*(jax.tree.leaves(t) for t in (avg, p4, p8))):
+        np.testing.assert_allclose(np.asarray(a), (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6)
+
+
+def test_missing_data_folder_is_a_clear_message(tmp_path):
+    p = cli(["train", "--config=configs/small.py", f"--workdir={tmp_path}",
+             "--config.data.dir=/nonexistent/multi30k"])  # fmt: skip
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1
+    assert "Traceback" not in err
+    assert "/nonexistent/multi30k" in err and "tfds" in err
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_distributed_matches_one_process(corpus, tmp_path):
+    # 8 packed rows a step, split 4 + 4 over two processes of one CPU device each
+    overrides = tiny_run_overrides(corpus, **{
+        "train.num_steps": 4, "train.log_every_steps": 1, "train.eval_every_steps": 1000,
+        "train.checkpoint_every_steps": 0, "data.tokens_per_batch": 512,
+        "model.dropout": 0.0,
+    })  # fmt: skip
+    args = ["train", "--config=configs/small.py"] + cli_args(overrides)
+    single = cli(args + [f"--workdir={tmp_path / 'single'}"])
+    out, err = single.communicate(timeout=600)
+    assert single.returncode == 0, err[-3000:]
+    port = free_port()
+    procs = [
+        cli(args + [f"--workdir={tmp_path / 'multi'}", f"--coordinator_address=localhost:{port}",
+                    "--num_processes=2", f"--process_id={i}"])  # fmt: skip
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-3000:]
+
+    def losses(workdir):
+        with open(workdir / "metrics.jsonl") as f:
+            return [r["loss"] for r in map(json.loads, f) if r["kind"] == "train"]
+
+    np.testing.assert_allclose(losses(tmp_path / "multi"), losses(tmp_path / "single"), rtol=1e-5)

@@ -1,0 +1,272 @@
+"""The training loop: setup, the step loop, periodic evaluation, checkpoints and metrics.
+
+Split from train.py (the pure step functions) so that each part can be tested on its own:
+`setup_run` builds everything from a config, `train_loop` only iterates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from tfm_jax import checkpoint, data, losses, optim, sharding
+from tfm_jax.train import Trainer, TrainState, make_trainer
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/Inf loss; nothing past the last good checkpoint was saved."""
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything one training run holds, built once by setup_run."""
+
+    cfg: ml_collections.ConfigDict
+    workdir: str
+    trainer: Trainer
+    tokenizer: data.Tokenizer
+    train_iter: data.TrainIterator
+    eval_batches: list
+    checkpointer: checkpoint.Checkpointer
+    state: TrainState
+    start_step: int
+
+
+def pin_vocabulary(cfg: ml_collections.ConfigDict, tokenizer: data.Tokenizer):
+    """Records the vocabulary file in the config so evaluate/translate reuse exactly it."""
+    if tokenizer.vocab_size != cfg.model.vocab_size:
+        raise data.DataError(
+            f"the vocabulary has {tokenizer.vocab_size} pieces but model.vocab_size="
+            f"{cfg.model.vocab_size}: set --config.model.vocab_size={tokenizer.vocab_size} or "
+            "point data.vocab_path at a vocabulary of the right size"
+        )
+    if not cfg.data.vocab_path and tokenizer.path:
+        cfg.data.vocab_path = os.path.abspath(tokenizer.path)
+    return cfg
+
+
+def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
+    """Vocabulary, mesh, model, data iterators and the (restored or fresh) train state."""
+    os.makedirs(workdir, exist_ok=True)
+    tokenizer = data.get_tokenizer(cfg.data, workdir)
+    cfg = pin_vocabulary(cfg, tokenizer)
+    trainer = make_trainer(cfg)
+    dp = sharding.data_parallel_size(trainer.mesh)
+    if dp % jax.process_count():
+        raise ValueError(f"mesh.data={dp} must be a multiple of the {jax.process_count()} hosts")
+    shard = dict(
+        batch_multiple=dp // jax.process_count(),
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    train_iter = data.make_train_iterator(cfg.data, tokenizer, seed=cfg.train.seed, **shard)
+    eval_batches = data.make_eval_batches(cfg.data, tokenizer, cfg.data.eval_split, **shard)
+    ckpt = checkpoint.Checkpointer(
+        workdir,
+        every_steps=cfg.train.checkpoint_every_steps,
+        every_secs=cfg.train.checkpoint_every_secs,
+        keep=cfg.train.keep_checkpoints,
+    )
+    restored = ckpt.restore_latest(trainer.abstract_state)
+    if restored is None:
+        state, start = trainer.init_state(cfg.train.seed), 0
+        log.info("Starting from scratch in %s", workdir)
+    else:
+        state, data_state, start = restored
+        train_iter.set_state(data_state)
+        log.info("Resumed from step %d in %s", start, workdir)
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(cfg.to_json_best_effort(indent=2))
+    return Run(cfg, workdir, trainer, tokenizer, train_iter, eval_batches, ckpt, state, start)
+
+
+def evaluate_perplexity(trainer: Trainer, params, batches) -> dict[str, float]:
+    """Token-weighted loss, NLL, perplexity and accuracy over a split's batches."""
+    total = None
+    for batch in batches:
+        sums = trainer.eval_step(params, sharding.global_batch(batch, trainer.mesh))
+        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    return losses.normalize_metrics(jax.device_get(total))
+
+
+def step_flops(trainer: Trainer, state: TrainState, batch) -> float:
+    """Model FLOPs of one train step from XLA's cost analysis of the lowered step (no compile)."""
+    try:
+        with trainer.context():
+            cost = trainer.train_step_fn.lower(state, batch).cost_analysis()
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        return float(cost.get("flops", 0.0))
+    except Exception as e:  # cost analysis is best-effort metadata, never a reason to stop
+        log.warning("no FLOP count for the train step: %s", e)
+        return 0.0
+
+
+class MetricsWriter:
+    """One JSON line per log step in <workdir>/metrics.jsonl, plus TensorBoard event files."""
+
+    def __init__(self, workdir: str, enabled: bool):
+        self.enabled = enabled
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        if enabled:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            except ImportError:  # metrics.jsonl is the record; TensorBoard is a convenience
+                log.warning("tensorboardX is not installed: no TensorBoard event files")
+
+    def write(self, step: int, kind: str, values: dict[str, float]):
+        if not self.enabled:
+            return
+        record = {"step": step, "kind": kind, **values}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for k, v in values.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(f"{kind}/{k}", v, step)
+            self._tb.flush()
+
+    def close(self):
+        if self._tb is not None:
+            self._tb.close()
+
+
+class Progress:
+    """A one-line progress bar on a terminal; plain log lines elsewhere (CI, files)."""
+
+    def __init__(self, total: int, start: int):
+        self.total, self.start = total, start
+        self.tty = sys.stderr.isatty() and not os.environ.get("CI")
+        self.t0 = time.time()
+
+    def update(self, step: int, m: dict[str, float]):
+        done = step - self.start
+        elapsed = time.time() - self.t0
+        eta = elapsed / max(done, 1) * (self.total - step)
+        line = (
+            f"step {step}/{self.total} loss {m['loss']:.3f} ppl {m['ppl']:.2f} "
+            f"{m['target_tokens_per_s']:.0f} tok/s ETA {eta / 60:.1f} min"
+        )
+        if self.tty:
+            width = 20
+            filled = int(width * step / max(self.total, 1))
+            print(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}", end="", file=sys.stderr)
+        else:
+            print(line, flush=True)
+
+    def close(self):
+        if self.tty:
+            print(file=sys.stderr)
+
+
+def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
+    """Trains run.state to num_steps (default cfg.train.num_steps); returns the last metrics."""
+    cfg, trainer = run.cfg, run.trainer
+    num_steps = cfg.train.num_steps if num_steps is None else num_steps
+    lead = jax.process_index() == 0
+    writer = MetricsWriter(run.workdir, enabled=lead)
+    progress = Progress(num_steps, run.start_step)
+    schedule = optim.rsqrt_warmup_schedule(
+        cfg.optim.d_model, cfg.optim.warmup_steps, cfg.optim.lr_factor
+    )
+    config_json = cfg.to_json_best_effort()
+    flops_by_shape: dict[tuple, float] = {}
+    state, step = run.state, run.start_step
+    last_good = run.checkpointer.latest_step()
+    acc, acc_real, acc_slots, acc_steps = None, 0, 0, 0
+    t_log = time.time()
+    metrics: dict[str, Any] = {}
+
+    def check_finite(step_metrics, at_step):
+        loss = float(jax.device_get(step_metrics["loss"]))
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(
+                f"non-finite loss ({loss}) by step {at_step}; stopped without saving. The last "
+                f"good checkpoint is step {last_good} in {run.checkpointer.directory} "
+                "(training resumes from it; lower optim.lr_factor or raise optim.warmup_steps)."
+            )
+
+    try:
+        while step < num_steps:
+            local = next(run.train_iter)
+            shape = tuple(local["inputs"].shape) + tuple(local["targets"].shape)
+            batch = sharding.global_batch(local, trainer.mesh)
+            if shape not in flops_by_shape:
+                flops_by_shape[shape] = step_flops(trainer, state, batch)
+            state, m = trainer.train_step(state, batch)
+            step += 1
+            # device-side running sums: no host transfer except on log steps
+            acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
+            acc_real += int(np.count_nonzero(local["inputs"])) + int(
+                np.count_nonzero(local["targets"])
+            )
+            acc_slots += local["inputs"].size + local["targets"].size
+            acc_steps += 1
+            acc_flops = flops_by_shape[shape]
+
+            if step % cfg.train.log_every_steps == 0 or step == num_steps:
+                check_finite(acc, step)
+                host = losses.normalize_metrics(jax.device_get(acc))
+                dt = time.time() - t_log
+                updates = step // cfg.optim.accumulate_steps
+                metrics = {
+                    **host,
+                    "lr": float(schedule(max(updates - 1, 0))),
+                    "grad_norm": float(acc["grad_norm"]) / acc_steps,
+                    "target_tokens_per_s": host["tokens"] / dt,
+                    "steps_per_s": acc_steps / dt,
+                    "padding_efficiency": acc_real / max(acc_slots, 1),
+                    "flops_per_s": acc_flops * acc_steps / dt,
+                }
+                writer.write(step, "train", metrics)
+                progress.update(step, metrics)
+                acc, acc_real, acc_slots, acc_steps = None, 0, 0, 0
+                t_log = time.time()
+
+            if step % cfg.train.eval_every_steps == 0 or step == num_steps:
+                ev = evaluate_perplexity(trainer, state.params, run.eval_batches)
+                writer.write(step, "eval", ev)
+                log.info("step %d eval %s", step, ev)
+                metrics.update({f"eval_{k}": v for k, v in ev.items()})
+                t_log = time.time()  # keep eval time out of tokens/s
+
+            final = step == num_steps
+            if final or run.checkpointer.should_save(step):
+                if acc is not None:
+                    check_finite(acc, step)  # never checkpoint a state a NaN went into
+                saved = run.checkpointer.maybe_save(
+                    step, state, run.train_iter.get_state(), config_json, force=True
+                )
+                if saved:
+                    last_good = step
+    finally:
+        run.checkpointer.wait()
+        writer.close()
+        progress.close()
+    run.state = state
+    return metrics
+
+
+def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """The `train` command: set up (or resume) and train to cfg.train.num_steps."""
+    run = setup_run(cfg, workdir)
+    try:
+        return train_loop(run)
+    finally:
+        run.checkpointer.close()

@@ -1,0 +1,42 @@
+"""Learning curves from a run's metrics.jsonl, drawn with matplotlib (no display needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} does not exist: train first (python -m tfm_jax train)")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_learning_curves(workdir: str, out: str | None = None) -> str:
+    """Train loss/NLL, validation perplexity and throughput against steps -> PNG path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(workdir)
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot([r["step"] for r in train], [r["loss"] for r in train], label="smoothed loss")
+    axes[0].plot([r["step"] for r in train], [r["nll"] for r in train], label="NLL")
+    axes[0].set(xlabel="step", ylabel="per token", title="training loss")
+    axes[0].legend()
+    axes[1].plot([r["step"] for r in evals], [r["ppl"] for r in evals], "o-")
+    axes[1].set(xlabel="step", ylabel="perplexity", title="validation perplexity", yscale="log")
+    axes[2].plot([r["step"] for r in train], [r["target_tokens_per_s"] for r in train])
+    axes[2].set(xlabel="step", ylabel="target tokens/s", title="throughput")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = out or os.path.join(workdir, "learning_curves.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
