@@ -172,12 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", default=None, help="default: <workdir>/learning_curves.png")
         p.set_defaults(fn=cmd_plot)
 
-        try:
-            from tfm_jax import inference
-        except ImportError:  # pragma: no cover - the decoding commands live in inference.py
-            inference = None
-        if inference is not None and hasattr(inference, "add_commands"):
-            inference.add_commands(sub)
+        from tfm_jax import inference  # translate, evaluate, attention
+
+        inference.add_commands(sub)
 
         args = parser.parse_args(argv)
         return args.fn(args, overrides)
