@@ -209,7 +209,8 @@ def test_translate_cli_round_trip(run, tmp_path, monkeypatch, capsys):
     assert rc == 0
     got = dst.read_text().split("\n")
     assert got[-1] == "" and len(got) - 1 == len(lines)
-    assert [g == "" for g in got[:-1]] == [s == "" for s in lines]
+    # empty lines stay empty (a 30-step model may also emit EOS first for a real line)
+    assert all(g == "" for g, s in zip(got[:-1], lines) if s == "")
     # Default checkpoint is the averaged one; compare with the library on it.
     model, params, tokenizer = inference.load_for_inference(workdir, "averaged", cfg)
     assert got[:-1] == inference.translate_texts(cfg, model, params, tokenizer, lines)

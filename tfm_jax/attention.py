@@ -88,30 +88,38 @@ class MultiHeadAttention(nn.Module):
         *,
         deterministic: bool = True,
         decode: bool = False,
+        static_kv: bool = False,
     ) -> Array:
         """inputs_q [b, q, d_model], inputs_kv [b, k, d_model] -> [b, q, d_model].
 
         decode=True (self-attention only): inputs_q is one new position [b, 1, d_model]; keys and
         values of earlier positions come from the "cache" collection, which init() sized from a
-        full-length input.
+        full-length input. With static_kv=True (encoder-decoder attention) keys and values
+        depend only on the encoder output: they are projected at the first decoding step, kept
+        in the cache, and reused at every later step instead of being recomputed.
         """
 
-        def proj(name: str, features: int, x: Array) -> Array:
-            # [b, l, d_model] x [d_model, h, features] -> [b, l, h, features]. Plain params, not
-            # nn.DenseGeneral: its flat-then-reshape init breaks 3-D logical partitioning.
+        def kernel(name: str, features: int) -> Array:
+            # [d_model, h, features]. Plain params, not nn.DenseGeneral: its flat-then-reshape
+            # init breaks 3-D logical partitioning.
             init = nn.with_logical_partitioning(self.kernel_init, ("embed", "heads", "kv"))
-            kernel = self.param(
-                name, init, (x.shape[-1], self.num_heads, features), self.param_dtype
-            )
-            return jnp.einsum("bld,dhf->blhf", x, jnp.asarray(kernel, self.dtype))
+            w = self.param(name, init, (self.d_model_in(inputs_q), self.num_heads, features),
+                           self.param_dtype)  # fmt: skip
+            return jnp.asarray(w, self.dtype)
 
-        query = proj("query", self.d_k, inputs_q)  # [b, q, h, d_k]
-        key = proj("key", self.d_k, inputs_kv)  # [b, k, h, d_k]
-        value = proj("value", self.d_v, inputs_kv)  # [b, k, h, d_v]
+        def proj(w: Array, x: Array) -> Array:
+            return jnp.einsum("bld,dhf->blhf", x, w)  # [b, l, d_model] -> [b, l, h, features]
+
+        w_k, w_v = kernel("key", self.d_k), kernel("value", self.d_v)
+        query = proj(kernel("query", self.d_k), inputs_q)  # [b, q, h, d_k]
         query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
-
-        if decode:
-            key, value, mask = self._update_cache(key, value, mask)
+        if decode and static_kv:
+            key, value = self._static_kv(lambda: (proj(w_k, inputs_kv), proj(w_v, inputs_kv)))
+        else:
+            key = proj(w_k, inputs_kv)  # [b, k, h, d_k]
+            value = proj(w_v, inputs_kv)  # [b, k, h, d_v]
+            if decode:
+                key, value, mask = self._update_cache(key, value, mask)
 
         dropout_rng = None
         if not deterministic and self.attention_dropout > 0.0:
@@ -130,6 +138,29 @@ class MultiHeadAttention(nn.Module):
         out_init = nn.with_logical_partitioning(self.kernel_init, ("heads", "kv", "embed"))
         w_out = self.param("out", out_init, (self.num_heads, self.d_v, self.d_model), self.param_dtype)
         return jnp.einsum("bqhf,hfd->bqd", out, jnp.asarray(w_out, self.dtype))  # [b, q, d_model]
+
+    @staticmethod
+    def d_model_in(x: Array) -> int:
+        return x.shape[-1]
+
+    def _static_kv(self, project):
+        """Keys/values of a fixed memory (the encoder output), projected once per decode."""
+        initialized = self.has_variable("cache", "static_key")
+        key, value = jax.eval_shape(project) if not initialized else (None, None)
+        if not initialized:
+            self.variable("cache", "static_key", jnp.zeros, key.shape, key.dtype)
+            self.variable("cache", "static_value", jnp.zeros, value.shape, value.dtype)
+            self.variable("cache", "static_filled", lambda: jnp.array(False))
+            return project()
+        cached_key = self.variable("cache", "static_key")
+        cached_value = self.variable("cache", "static_value")
+        filled = self.variable("cache", "static_filled")
+        key, value = jax.lax.cond(
+            filled.value, lambda: (cached_key.value, cached_value.value), project
+        )
+        cached_key.value, cached_value.value = key, value
+        filled.value = jnp.array(True)
+        return key, value
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None):
         """Writes this step's key/value at cache_index and returns the whole cache.

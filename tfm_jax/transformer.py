@@ -143,7 +143,9 @@ class DecoderLayer(nn.Module):
         )
         y = SubLayer(self.norm, self.dropout, self.dtype, name="cross_attention_block")(
             y,
-            lambda z: cross_attn(z, encoded, cross_mask, deterministic=deterministic),
+            lambda z: cross_attn(
+                z, encoded, cross_mask, deterministic=deterministic, decode=decode, static_kv=True
+            ),
             deterministic=deterministic,
         )
         ffn = FeedForward(self.d_model, self.d_ff, dtype=self.dtype, name="ffn")

@@ -1,0 +1,346 @@
+"""Benchmarks: matmul peak, train-step throughput/MFU, decoding and the input pipeline.
+
+    python experiments/bench.py [peak|train_step|decode|input ...] [--config=configs/base.py]
+        [--config.model.dtype=bfloat16] [--batch=128 --length=32] [--reps=5] [--warmup=1]
+        [--variant=NAME:KEY=VAL,KEY=VAL ...] [--devices=8]
+
+Prints one JSON object per line per benchmark ({"bench": "train_step", ...}). Every timing is the
+median of `--reps` runs after `--warmup` runs, all in this one process.
+
+The machine may be shared (CI, other jobs), so absolute numbers drift. Two defences:
+  * MFU: the peak matmul is re-timed right before every timed step (interleaved), and MFU is the
+    median over reps of (model FLOPs / step time) / (peak at that moment).
+  * Variants (`--variant=bf16:model.dtype=bfloat16`, `--variant=noynn:xla_cpu_...=...`) are
+    compiled up front and timed round-robin, so their ratios see the same load. Keys that start
+    with `xla_` are XLA compiler options (passed to `.compile(compiler_options=...)`), the rest are
+    config overrides.
+
+Without --config, train_step runs configs/base.py and configs/small.py (both at --batch x
+--length tokens a side, default [128, 32] = 4,096). `--devices=8` simulates 8 CPU devices
+(XLA_FLAGS, set before jax is imported) to exercise the sharded step: correctness, not speed;
+it also reports the first step's loss on a 1-device mesh, which must match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHES = ("peak", "train_step", "decode", "input")
+DEFAULT_CONFIGS = ("configs/base.py", "configs/small.py")
+
+
+def _preparse_devices(argv: list[str]) -> None:
+    """--devices=N must reach XLA_FLAGS before jax is imported (the CPU client reads it once)."""
+    for arg in argv:
+        if arg.startswith("--devices="):
+            n = int(arg.split("=", 1)[1])
+            if n > 1:
+                flags = os.environ.get("XLA_FLAGS", "")
+                os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}"
+
+
+_preparse_devices(sys.argv[1:])
+sys.path.insert(0, REPO)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tfm_jax import sharding, train  # noqa: E402
+from tfm_jax.__main__ import build_config, split_overrides  # noqa: E402
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def _median(xs):
+    return float(statistics.median(xs))
+
+
+# ---------------------------------------------------------------------------------------------
+# peak: the MFU denominator
+
+
+def default_peak_size() -> int:
+    return 8192 if jax.default_backend() == "gpu" else 2048
+
+
+class Peak:
+    """A large square jnp.dot per dtype, compiled once, timable between other measurements."""
+
+    def __init__(self, n: int | None = None):
+        self.n = n or default_peak_size()
+        self.fns = {}
+        key = jax.random.PRNGKey(0)
+        for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16)):
+            a = jax.random.normal(key, (self.n, self.n), dtype)
+            f = jax.jit(jnp.dot).lower(a, a).compile()
+            jax.block_until_ready(f(a, a))  # warm-up
+            self.fns[name] = (f, a)
+
+    def flops_per_s(self, name: str, reps: int = 1) -> float:
+        """Best of `reps` timed products (best, not median: it is a ceiling)."""
+        f, a = self.fns[name]
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            jax.block_until_ready(f(a, a))
+            best = min(best, time.perf_counter() - start)
+        return 2.0 * self.n**3 / best
+
+
+def bench_peak(reps: int, n: int | None = None) -> dict:
+    peak = Peak(n)
+    f32 = [peak.flops_per_s("f32") for _ in range(reps)]
+    bf16 = [peak.flops_per_s("bf16") for _ in range(reps)]
+    return {
+        "bench": "peak",
+        "backend": jax.default_backend(),
+        "device": str(jax.devices()[0].device_kind),
+        "n": peak.n,
+        "f32_flops": _median(f32),
+        "bf16_flops": _median(bf16),
+        "reps": reps,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# train_step
+
+
+def synthetic_batch(batch: int, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random non-pad ids [batch, length] a side (ids >= 4 skip PAD/BOS/EOS/UNK), no padding."""
+    rng = np.random.default_rng(seed)
+    ids = lambda: rng.integers(4, vocab, size=(batch, length)).astype(np.int32)  # noqa: E731
+    return {"inputs": ids(), "targets": ids()}
+
+
+def matmul_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
+    """Analytic matmul FLOPs of one train step (3x forward: forward + two backward products).
+
+    A cross-check on XLA's cost analysis, which also counts elementwise work (softmax, LayerNorm,
+    Adam); the two should agree to within a few percent for the base model.
+    """
+    m = model_cfg
+    d, h, dk, dv, ff, n = m.d_model, m.num_heads, m.d_k, m.d_v, m.d_ff, m.num_layers
+    S, T = batch * src_len, batch * tgt_len  # noqa: N806
+    proj = lambda tok: 2 * tok * d * h * (2 * dk + dv) + 2 * tok * h * dv * d  # noqa: E731
+    enc = proj(S) + 2 * batch * h * src_len * src_len * (dk + dv) + 4 * S * d * ff
+    dec_self = proj(T) + 2 * batch * h * tgt_len * tgt_len * (dk + dv)
+    dec_cross = (
+        2 * T * d * h * dk + 2 * S * d * h * (dk + dv) + 2 * T * h * dv * d
+        + 2 * batch * h * tgt_len * src_len * (dk + dv)
+    )  # fmt: skip
+    dec = dec_self + dec_cross + 4 * T * d * ff
+    logits = 2 * T * d * m.vocab_size
+    return 3.0 * (n * (enc + dec) + logits)
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """'NAME:k=v,k=v' -> (name, config overrides, XLA compiler options)."""
+    name, _, rest = text.partition(":")
+    overrides, options = {}, {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--variant {text!r}: {item!r} is not KEY=VALUE")
+        (options if key.startswith("xla_") else overrides)[key] = value
+    return name or "default", overrides, options
+
+
+class StepCase:
+    """One compiled train step on a fixed batch, ready to be timed."""
+
+    def __init__(self, name, cfg, batch_np, compiler_options=None, mesh=None):
+        self.name, self.cfg = name, cfg
+        self.trainer = train.make_trainer(cfg, mesh)
+        self.state = self.trainer.init_state(cfg.train.seed)
+        self.batch = sharding.global_batch(batch_np, self.trainer.mesh)
+        with self.trainer.context():
+            start = time.perf_counter()
+            lowered = self.trainer.train_step_fn.lower(self.state, self.batch)
+            self.compiled = lowered.compile(compiler_options=compiler_options or None)
+            self.compile_s = time.perf_counter() - start
+        cost = self.compiled.cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        # cost_analysis() is per device (the SPMD-partitioned program); the step does that on each
+        self.flops = float(cost["flops"]) * len(self.trainer.mesh.devices.flat)
+        self.peak_mem = int(self.compiled.memory_analysis().peak_memory_in_bytes)
+        self.times: list[float] = []
+        self.mfus: list[float] = []
+        self.peaks: list[float] = []
+        # Simulated CPU devices share the host's cores, whose peak the Peak matmul already measures.
+        self.chips = jax.device_count() if jax.default_backend() != "cpu" else 1
+        self.first_loss = None
+
+    def run(self) -> float:
+        start = time.perf_counter()
+        self.state, metrics = self.compiled(self.state, self.batch)
+        jax.block_until_ready(metrics)
+        elapsed = time.perf_counter() - start
+        if self.first_loss is None:
+            self.first_loss = float(metrics["loss"]) / float(metrics["tokens"])
+        return elapsed
+
+    def result(self, batch, src_len, tgt_len, peak_name) -> dict:
+        step_s = _median(self.times)
+        tokens = batch * tgt_len
+        m = self.cfg.model
+        return {
+            "bench": "train_step",
+            "variant": self.name,
+            "dtype": m.dtype,
+            "model": {k: m[k] for k in ("num_layers", "d_model", "d_ff", "num_heads", "vocab_size")},
+            "batch_shape": [batch, src_len, tgt_len],
+            "target_tokens": tokens,
+            "devices": jax.device_count(),
+            "tokens_per_s": tokens / step_s,
+            "step_s": step_s,
+            "step_s_all": [round(t, 4) for t in self.times],
+            "compile_s": self.compile_s,
+            "peak_mem_bytes": self.peak_mem,
+            "model_flops": self.flops,
+            "matmul_flops_analytic": matmul_flops(m, batch, src_len, tgt_len),
+            "achieved_flops": self.flops / step_s,
+            # median achieved / median peak of the samples taken between steps; mfu_paired is the
+            # median of per-rep ratios (noisier when steps are much longer than a peak sample)
+            "mfu": self.flops / step_s / (_median(self.peaks) * self.chips) if self.peaks else None,
+            "mfu_paired": _median(self.mfus) if self.mfus else None,
+            "mfu_peak": peak_name,
+            "peak_gflops_samples": [round(p / 1e9, 1) for p in self.peaks],
+            "first_loss": self.first_loss,
+        }
+
+
+def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
+    """cfgs: [(name, cfg, compiler_options)]; all are timed round-robin with the peak between."""
+    cases = []
+    for name, cfg, options in cfgs:
+        batch_np = synthetic_batch(args.batch, args.length, cfg.model.vocab_size)
+        cases.append(StepCase(name, cfg, batch_np, options))
+    for case in cases:
+        for _ in range(args.warmup):
+            case.run()
+    for _ in range(args.reps):
+        for case in cases:
+            peak_name = "bf16" if case.cfg.model.dtype == "bfloat16" else "f32"
+            p = peak.flops_per_s(peak_name, reps=3)
+            t = case.run()
+            case.times.append(t)
+            case.mfus.append(case.flops / t / (p * case.chips))
+            case.peaks.append(p)
+    out = []
+    for case in cases:
+        peak_name = "bf16" if case.cfg.model.dtype == "bfloat16" else "f32"
+        out.append(case.result(args.batch, args.length, args.length, peak_name))
+    if jax.device_count() > 1:  # sharded-step correctness: the same first step on 1 device
+        one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
+        for case, record in zip(cases, out):
+            ref = StepCase(case.name, case.cfg, synthetic_batch(
+                args.batch, args.length, case.cfg.model.vocab_size), mesh=one)  # fmt: skip
+            ref.run()
+            record["first_loss_1device"] = ref.first_loss
+            record["first_loss_rel_diff"] = abs(ref.first_loss - case.first_loss) / abs(
+                ref.first_loss
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# decode and input
+
+
+def bench_decode_record(cfg, limit: int | None = None) -> dict:
+    """experiments/bench_decode.py's bench_decode(cfg), imported lazily (another issue owns it)."""
+    try:
+        sys.path.insert(0, os.path.join(REPO, "experiments"))
+        from bench_decode import bench_decode  # noqa: PLC0415
+    except ImportError as e:
+        return {"bench": "decode", "error": f"experiments/bench_decode.py not importable: {e}"}
+    try:
+        kw = {"limit": limit} if limit else {}
+        return {"bench": "decode", **bench_decode(cfg, workdir=None, **kw)}
+    except Exception as e:  # noqa: BLE001  (report, keep the other benchmarks going)
+        return {"bench": "decode", "error": f"{type(e).__name__}: {e}"}
+
+
+def bench_input_record(cfg, args) -> dict:
+    """The pipeline's batches/s beside the train step's consumption rate on its real batches."""
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    from bench_input import bench_input  # noqa: PLC0415
+
+    from tfm_jax import data  # noqa: PLC0415
+
+    record = {"bench": "input", **bench_input(cfg)}
+    workdir = os.path.join(__import__("tempfile").gettempdir(), "tfm_jax_bench_input")
+    tokenizer = data.get_tokenizer(cfg.data, workdir)
+    it = data.make_train_iterator(cfg.data, tokenizer, seed=0)
+    batch_np = next(iter(it))
+    case = StepCase("input", cfg, {k: np.asarray(v) for k, v in batch_np.items()})
+    for _ in range(args.warmup):
+        case.run()
+    case.times = [case.run() for _ in range(args.reps)]
+    step_s = _median(case.times)
+    record["train_batch_shape"] = [list(np.shape(v)) for v in batch_np.values()][:2]
+    record["train_step_s"] = step_s
+    record["train_batches_per_s"] = 1.0 / step_s
+    record["pipeline_over_train"] = record["pipeline_batches_per_s"] * step_s
+    record["target_ratio"] = 5.0
+    return record
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]):
+    argv, overrides = split_overrides(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("benches", nargs="*", default=["peak", "train_step"], choices=BENCHES)
+    parser.add_argument("--config", action="append", default=None,
+                        help="config file(s); default: configs/base.py and configs/small.py")
+    parser.add_argument("--batch", type=int, default=128, help="rows of the synthetic batch")
+    parser.add_argument("--length", type=int, default=32, help="source = target length")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--peak_n", type=int, default=None, help="peak matmul size")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME:k=v,... (config overrides; xla_* keys are compiler options)")
+    parser.add_argument("--decode_limit", type=int, default=None, help="test sentences")
+    parser.add_argument("--devices", type=int, default=1, help="simulated CPU devices")
+    args = parser.parse_args(argv)  # fmt: skip
+    return args, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
+    specs = args.config or list(DEFAULT_CONFIGS)
+    if "peak" in args.benches:
+        emit(bench_peak(args.reps, args.peak_n))
+    if "train_step" in args.benches:
+        peak = Peak(args.peak_n)
+        cases = []
+        for spec in specs:
+            label = os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
+            for text in args.variant or ["default:"]:
+                name, var_overrides, options = parse_variant(text)
+                cfg = build_config(spec, {**overrides, **var_overrides})
+                cases.append((f"{label}/{name}", cfg, options))
+        for record in bench_train_step(cases, args, peak):
+            emit(record)
+    if "decode" in args.benches:
+        emit(bench_decode_record(build_config(specs[0], dict(overrides)), args.decode_limit))
+    if "input" in args.benches:
+        spec = args.config[0] if args.config else "configs/small.py"
+        emit(bench_input_record(build_config(spec, dict(overrides)), args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
