@@ -1,5 +1,7 @@
-"""Transformer big on WMT14 EN-DE (Table 3 row "big"): d_model 1024, d_ff 4096, 16 heads, P_drop 0.3,
-300K steps, average the last 20 checkpoints."""
+"""Transformer big on WMT14 EN-DE (Table 3 row "big").
+
+d_model 1024, d_ff 4096, 16 heads, P_drop 0.3, 300K steps, average the last 20 checkpoints.
+"""
 
 from tfm_jax.config import table3_config, use_wmt14
 

@@ -21,8 +21,10 @@ def get_config():
     cfg.model.dropout = 0.1
     cfg.model.max_len = 128
 
-    cfg.optim.warmup_steps = 400
-    cfg.optim.lr_factor = 2.0
+    # The run is ~1,100 steps, so warmup is 500 (not 4000); the peak lr is then
+    # 256^-0.5 * 500^-0.5 = 2.8e-3.
+    cfg.optim.warmup_steps = 500
+    cfg.optim.lr_factor = 1.0
 
     cfg.data.source = "folder"
     cfg.data.dir = "../shared/data/multi30k"
@@ -33,12 +35,17 @@ def get_config():
     cfg.data.test_split = "test_2016_flickr"
     cfg.data.max_len = 128
     cfg.data.tokens_per_batch = 4096
+    # Multi30k sentences are short (~13 tokens): packing them into 128-token rows wastes ~5% of
+    # the slots instead of ~25% with length buckets (a departure from §5.1's batching).
     cfg.data.packing = True
+    cfg.data.packed_length = 128
 
-    cfg.train.num_steps = 3000
+    # ~40 minutes on a 2-core CPU (~2.1 s a step); the last 5 checkpoints (100 steps apart) are
+    # averaged, as §6.1 averages the last 5 of base.
+    cfg.train.num_steps = 1100
     cfg.train.log_every_steps = 50
-    cfg.train.eval_every_steps = 500
-    cfg.train.checkpoint_every_steps = 250
+    cfg.train.eval_every_steps = 550
+    cfg.train.checkpoint_every_steps = 100
     cfg.train.checkpoint_every_secs = 0.0
     cfg.train.keep_checkpoints = 5
     cfg.train.average_last = 5

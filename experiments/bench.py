@@ -197,7 +197,9 @@ class StepCase:
             "bench": "train_step",
             "variant": self.name,
             "dtype": m.dtype,
-            "model": {k: m[k] for k in ("num_layers", "d_model", "d_ff", "num_heads", "vocab_size")},
+            "model": {
+                k: m[k] for k in ("num_layers", "d_model", "d_ff", "num_heads", "vocab_size")
+            },
             "batch_shape": [batch, src_len, tgt_len],
             "target_tokens": tokens,
             "devices": jax.device_count(),
@@ -242,7 +244,7 @@ def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
         out.append(case.result(args.batch, args.length, args.length, peak_name))
     if jax.device_count() > 1:  # sharded-step correctness: the same first step on 1 device
         one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
-        for case, record in zip(cases, out):
+        for case, record in zip(cases, out, strict=False):
             ref = StepCase(case.name, case.cfg, synthetic_batch(
                 args.batch, args.length, case.cfg.model.vocab_size), mesh=one)  # fmt: skip
             ref.run()
@@ -303,15 +305,23 @@ def parse_args(argv: list[str]):
     argv, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("benches", nargs="*", default=["peak", "train_step"], choices=BENCHES)
-    parser.add_argument("--config", action="append", default=None,
-                        help="config file(s); default: configs/base.py and configs/small.py")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        help="config file(s); default: configs/base.py and configs/small.py",
+    )
     parser.add_argument("--batch", type=int, default=128, help="rows of the synthetic batch")
     parser.add_argument("--length", type=int, default=32, help="source = target length")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--peak_n", type=int, default=None, help="peak matmul size")
-    parser.add_argument("--variant", action="append", default=[],
-                        help="NAME:k=v,... (config overrides; xla_* keys are compiler options)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="NAME:k=v,... (config overrides; xla_* keys are compiler options)",
+    )
     parser.add_argument("--decode_limit", type=int, default=None, help="test sentences")
     parser.add_argument("--devices", type=int, default=1, help="simulated CPU devices")
     args = parser.parse_args(argv)  # fmt: skip

@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-
 from conftest import tiny_config  # noqa: E402
+
 from tfm_jax import sharding, train  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def main():
         # so a wrong gradient still fails by orders of magnitude.
         excess = max(
             float(np.max(np.abs(a - b) - (1e-5 + 1e-5 * np.abs(a))))
-            for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8))
+            for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8), strict=False)
         )
         results[f"model{model_axis}"] = {
             "loss_1": l1,

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, SHARED_DATA
 
 BENCH = os.path.join(REPO, "experiments", "bench.py")
@@ -40,7 +39,9 @@ def run_bench(*args, timeout=120):
 
 
 def test_peak_and_train_step_variants():
-    out = run_bench("peak", "train_step", *MICRO, "--variant=f32:", "--variant=bf16:model.dtype=bfloat16")
+    out = run_bench(
+        "peak", "train_step", *MICRO, "--variant=f32:", "--variant=bf16:model.dtype=bfloat16"
+    )
     peak = out[("peak", None)]
     assert peak["f32_flops"] > 0 and peak["bf16_flops"] > 0
     for name, dtype in (("small/f32", "float32"), ("small/bf16", "bfloat16")):
@@ -74,7 +75,9 @@ def test_parse_variant():
     sys.path.insert(0, os.path.join(REPO, "experiments"))
     import bench
 
-    name, overrides, options = bench.parse_variant("x:model.dtype=bfloat16,xla_cpu_enable_fast_math=true")
+    name, overrides, options = bench.parse_variant(
+        "x:model.dtype=bfloat16,xla_cpu_enable_fast_math=true"
+    )
     assert name == "x"
     assert overrides == {"model.dtype": "bfloat16"}
     assert options == {"xla_cpu_enable_fast_math": "true"}

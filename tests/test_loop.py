@@ -40,9 +40,7 @@ def cli(args, **kw):
 
 def final_params(workdir, cfg):
     trainer = train.make_trainer(cfg)
-    return jax.device_get(
-        checkpoint.load_params(workdir, "latest", trainer.abstract_state.params)
-    )
+    return jax.device_get(checkpoint.load_params(workdir, "latest", trainer.abstract_state.params))
 
 
 @pytest.mark.slow
@@ -76,7 +74,7 @@ def test_resume_after_sigkill_is_bitwise_exact(corpus, tmp_path):
 
     cfg = tiny_run_config(corpus, **{"train.num_steps": 60})
     a, b = final_params(straight, cfg), final_params(killed, cfg)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=False):
         np.testing.assert_array_equal(x, y)  # bitwise on CPU
 
 
@@ -85,9 +83,7 @@ def test_nan_stops_training_without_a_nan_checkpoint(corpus, tmp_path):
     with pytest.raises(loop.NonFiniteLossError, match=r"step 8.*last good checkpoint is step 4"):
         loop.train_and_evaluate(cfg, str(tmp_path))
     # the checkpoint at step 8 (after the NaN at step 7) was never written
-    assert checkpoint.Checkpointer(
-        tmp_path, every_steps=0, every_secs=0, keep=5
-    ).all_steps() == [4]
+    assert checkpoint.Checkpointer(tmp_path, every_steps=0, every_secs=0, keep=5).all_steps() == [4]
 
 
 def test_corrupt_newest_checkpoint_falls_back_and_resumes(corpus, tmp_path):
@@ -115,7 +111,7 @@ def test_averaging_cli_equals_mean_of_inputs(corpus, tmp_path):
     abstract = trainer.abstract_state.params
     p4, p8 = (checkpoint.load_params(tmp_path, s, abstract) for s in ("4", "8"))
     avg = checkpoint.load_params(tmp_path, "averaged", abstract)
-    for a, x, y in zip(*(jax.tree.leaves(t) for t in (avg, p4, p8))):
+    for a, x, y in zip(*(jax.tree.leaves(t) for t in (avg, p4, p8)), strict=False):
         np.testing.assert_allclose(np.asarray(a), (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6)
 
 
@@ -148,12 +144,19 @@ def test_two_process_distributed_matches_one_process(corpus, tmp_path):
     assert single.returncode == 0, err[-3000:]
     port = free_port()
     procs = [
-        cli(args + [f"--workdir={tmp_path / 'multi'}", f"--coordinator_address=localhost:{port}",
-                    "--num_processes=2", f"--process_id={i}"])  # fmt: skip
+        cli(
+            args
+            + [
+                f"--workdir={tmp_path / 'multi'}",
+                f"--coordinator_address=localhost:{port}",
+                "--num_processes=2",
+                f"--process_id={i}",
+            ]
+        )  # fmt: skip
         for i in range(2)
     ]
     outs = [p.communicate(timeout=600) for p in procs]
-    for p, (o, e) in zip(procs, outs):
+    for p, (_o, e) in zip(procs, outs, strict=False):
         assert p.returncode == 0, e[-3000:]
 
     def losses(workdir):

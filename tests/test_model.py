@@ -67,7 +67,9 @@ def test_sinusoids_match_formula():
     table = sinusoidal_table(50, 16)
     pos, i = 7, 3
     np.testing.assert_allclose(table[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)), rtol=1e-6)
-    np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)), rtol=1e-6)
+    np.testing.assert_allclose(
+        table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)), rtol=1e-6
+    )
 
 
 def test_shift_right_inserts_bos_and_keeps_pad():

@@ -29,7 +29,9 @@ def test_small_preset_scales_every_row_alike():
     assert h.preset_overrides("small", "C256", None)["model.d_model"] == 64
     assert h.preset_overrides("small", "C2", None)["model.num_layers"] == 1
     assert h.preset_overrides("small", "A1", None)["model.d_k"] == 128
-    assert h.preset_overrides("small", "big", None)["train.num_steps"] == 3 * base["train.num_steps"]
+    assert (
+        h.preset_overrides("small", "big", None)["train.num_steps"] == 3 * base["train.num_steps"]
+    )
     assert h.preset_overrides("small", "E", None)["model.positional"] == "learned"
     assert h.preset_overrides("paper", "B16", None)["model.d_k"] == 16
 

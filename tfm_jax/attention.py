@@ -136,7 +136,9 @@ class MultiHeadAttention(nn.Module):
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights)
         out_init = nn.with_logical_partitioning(self.kernel_init, ("heads", "kv", "embed"))
-        w_out = self.param("out", out_init, (self.num_heads, self.d_v, self.d_model), self.param_dtype)
+        w_out = self.param(
+            "out", out_init, (self.num_heads, self.d_v, self.d_model), self.param_dtype
+        )
         return jnp.einsum("bqhf,hfd->bqd", out, jnp.asarray(w_out, self.dtype))  # [b, q, d_model]
 
     @staticmethod
@@ -179,7 +181,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"decode=True takes one position at a time, got {key.shape[1]}")
         idx = cache_index.value
         zero = jnp.array(0, idx.dtype)
-        cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (zero, idx, zero, zero))
+        cached_key.value = jax.lax.dynamic_update_slice(
+            cached_key.value, key, (zero, idx, zero, zero)
+        )
         cached_value.value = jax.lax.dynamic_update_slice(
             cached_value.value, value, (zero, idx, zero, zero)
         )

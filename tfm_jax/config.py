@@ -39,7 +39,9 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
 
     cfg.optim = ml_collections.ConfigDict()
-    cfg.optim.d_model = cfg.model.get_ref("d_model")  # the schedule's d_model^-0.5 follows the model
+    cfg.optim.d_model = cfg.model.get_ref(
+        "d_model"
+    )  # the schedule's d_model^-0.5 follows the model
     cfg.optim.warmup_steps = 4000  # §5.3
     cfg.optim.lr_factor = 1.0  # 1.0 is the paper's formula
     cfg.optim.b1 = 0.9
@@ -112,9 +114,7 @@ TABLE3: dict[str, PaperRow] = {
     "C4": PaperRow({"model.num_layers": 4}, 5.19, 25.3, 50),
     "C8": PaperRow({"model.num_layers": 8}, 4.88, 25.5, 80),
     "C256": PaperRow({"model.d_model": 256, "model.d_k": 32, "model.d_v": 32}, 5.75, 24.5, 28),
-    "C1024": PaperRow(
-        {"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128}, 4.66, 26.0, 168
-    ),
+    "C1024": PaperRow({"model.d_model": 1024, "model.d_k": 128, "model.d_v": 128}, 4.66, 26.0, 168),
     "Cff1024": PaperRow({"model.d_ff": 1024}, 5.12, 25.4, 53),
     "Cff4096": PaperRow({"model.d_ff": 4096}, 4.75, 26.2, 90),
     "D0.0": PaperRow({"model.dropout": 0.0}, 5.77, 24.6, None),

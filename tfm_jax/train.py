@@ -19,7 +19,12 @@ from tfm_jax import losses, optim, sharding
 from tfm_jax.transformer import Transformer
 
 Batch = dict[str, jax.Array]
-SEGMENT_KEYS = ("inputs_segmentation", "targets_segmentation", "inputs_position", "targets_position")
+SEGMENT_KEYS = (
+    "inputs_segmentation",
+    "targets_segmentation",
+    "inputs_position",
+    "targets_position",
+)
 
 
 @flax.struct.dataclass
@@ -29,7 +34,7 @@ class TrainState:
     step: jax.Array  # int32 []: train_step calls so far (micro-steps under accumulation)
     params: Any
     opt_state: Any
-    rng: jax.Array  # uint32 [2]: dropout rngs are fold_in(rng, step)
+    rng: jax.Array  # raw uint32 key: dropout rngs are fold_in(rng, step)
 
 
 def make_model(cfg: ml_collections.ConfigDict) -> Transformer:
@@ -148,7 +153,7 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
             step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=rng
         )
 
-    rng_shape = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    rng_shape = jax.eval_shape(jax.random.PRNGKey, 0)  # uint32 [2] (threefry) or [4] (rbg)
     with sharding.sharding_context(mesh, cfg.mesh.rules):
         abstract_boxed = jax.eval_shape(boxed_init, rng_shape)
     specs = nn.get_partition_spec(abstract_boxed)
