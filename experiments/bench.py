@@ -259,7 +259,7 @@ def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
 # decode and input
 
 
-def bench_decode_record(cfg, limit: int | None = None) -> dict:
+def bench_decode_record(cfg, limit: int | None = None, workdir: str | None = None) -> dict:
     """experiments/bench_decode.py's bench_decode(cfg), imported lazily (another issue owns it)."""
     try:
         sys.path.insert(0, os.path.join(REPO, "experiments"))
@@ -268,7 +268,7 @@ def bench_decode_record(cfg, limit: int | None = None) -> dict:
         return {"bench": "decode", "error": f"experiments/bench_decode.py not importable: {e}"}
     try:
         kw = {"limit": limit} if limit else {}
-        return {"bench": "decode", **bench_decode(cfg, workdir=None, **kw)}
+        return {"bench": "decode", **bench_decode(cfg, workdir=workdir, **kw)}
     except Exception as e:  # noqa: BLE001  (report, keep the other benchmarks going)
         return {"bench": "decode", "error": f"{type(e).__name__}: {e}"}
 
@@ -323,6 +323,12 @@ def parse_args(argv: list[str]):
         help="NAME:k=v,... (config overrides; xla_* keys are compiler options)",
     )
     parser.add_argument("--decode_limit", type=int, default=None, help="test sentences")
+    parser.add_argument(
+        "--workdir",
+        default=None,
+        help="decode: a trained run (its averaged or latest checkpoint and saved config); "
+        "an untrained model never stops early and runs every sentence to its maximum length",
+    )
     parser.add_argument("--devices", type=int, default=1, help="simulated CPU devices")
     args = parser.parse_args(argv)  # fmt: skip
     return args, overrides
@@ -345,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         for record in bench_train_step(cases, args, peak):
             emit(record)
     if "decode" in args.benches:
-        emit(bench_decode_record(build_config(specs[0], dict(overrides)), args.decode_limit))
+        spec = args.config[0] if args.config else (None if args.workdir else specs[0])
+        cfg = build_config(spec, dict(overrides), workdir=args.workdir)
+        emit(bench_decode_record(cfg, args.decode_limit, args.workdir))
     if "input" in args.benches:
         spec = args.config[0] if args.config else "configs/small.py"
         emit(bench_input_record(build_config(spec, dict(overrides)), args))

@@ -1,0 +1,93 @@
+"""Configs: every Table 3 row, overrides with typo hints, the params command against the paper."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tfm_jax import config as config_lib
+from tfm_jax.__main__ import build_config, main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_params_json_within_7_percent_of_paper_for_every_row():
+    out = subprocess.run(
+        [sys.executable, "-m", "tfm_jax", "params", "--config=configs/table3.py", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]
+    assert list(rows) == list(config_lib.TABLE3)  # all 20 rows, named as in PAPER.md
+    for name, r in rows.items():
+        assert r["paper_millions"] == config_lib.TABLE3[name].params_millions
+        if r["paper_millions"] is not None:
+            ratio = r["params"] / (r["paper_millions"] * 1e6)
+            assert 0.93 <= ratio <= 1.07, (name, r)
+    # PAPER.md: with exactly 37,000 tokens a faithful model counts 63.1M / 214.2M / 26.8M
+    assert rows["base"]["params"] == pytest.approx(63.1e6, rel=0.002)
+    assert rows["big"]["params"] == pytest.approx(214.2e6, rel=0.002)
+    assert rows["C256"]["params"] == pytest.approx(26.8e6, rel=0.002)
+
+
+def test_rows_set_what_the_paper_says():
+    b16 = config_lib.table3_config("B16")
+    assert (b16.model.d_k, b16.model.d_v, b16.model.num_heads) == (16, 64, 8)
+    c256 = config_lib.table3_config("C256")
+    assert (c256.model.d_model, c256.model.d_k, c256.optim.d_model) == (256, 32, 256)
+    big = build_config("configs/big.py", {})
+    assert (big.model.d_model, big.model.d_ff, big.model.num_heads, big.model.dropout) == (
+        1024, 4096, 16, 0.3,
+    )  # fmt: skip
+    enfr = build_config("configs/big_enfr.py", {})
+    assert enfr.model.dropout == 0.1 and enfr.data.tfds_name == "wmt14_translate/fr-en"
+    assert enfr.model.vocab_size == enfr.data.vocab_size == 32000
+    e = build_config("configs/table3.py:E", {})
+    assert e.model.positional == "learned"
+
+
+def test_overrides_are_typed_and_follow_references():
+    cfg = build_config(
+        "configs/small.py",
+        {"model.d_model": "128", "model.dropout": "0.3", "data.packing": "false",
+         "train.nan_at_step": "7", "model.positional": "learned"},
+    )  # fmt: skip
+    assert cfg.model.d_model == 128 and cfg.optim.d_model == 128  # the schedule follows
+    assert cfg.model.dropout == 0.3 and cfg.data.packing is False
+    assert cfg.train.nan_at_step == 7 and cfg.model.positional == "learned"
+
+
+@pytest.mark.parametrize(
+    "override, hint",
+    [
+        ("--config.model.num_head=1", 'Did you mean "model.num_heads"'),
+        ("--config.modle.num_heads=1", 'Did you mean "model"'),
+        ("--config.optim.warmup=10", 'Did you mean "optim.warmup_steps"'),
+        ("--config.model.num_heads=x", "expected a int"),
+        ("--config.model.positional=learnt", "model.positional"),
+    ],
+)
+def test_bad_overrides_are_clear_errors(override, hint, capsys):
+    rc = main(["params", "--config=configs/small.py", override])
+    err = capsys.readouterr().err
+    assert rc == 2 and hint in err and "Traceback" not in err
+
+
+def test_unknown_row_and_missing_file():
+    with pytest.raises(config_lib.ConfigError, match='Did you mean "C256"'):
+        config_lib.table3_config("C265")
+    with pytest.raises(config_lib.ConfigError, match="does not exist"):
+        build_config("configs/nope.py", {})
+
+
+def test_saved_config_round_trip_keeps_types():
+    cfg = build_config("configs/small.py", {"model.num_heads": "2"})
+    back = config_lib.config_from_json(cfg.to_json())
+    assert back.model.num_heads == 2 and back.mesh.rules == cfg.mesh.rules
+    assert back.train.get_type("nan_at_step") is int  # placeholders stay typed
