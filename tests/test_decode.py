@@ -327,7 +327,7 @@ def test_early_stopping_stops_early_and_changes_nothing():
 
         return fn
 
-    def run(early_stopping):
+    def run(early_stopping, exact_beams="all"):
         steps_run.clear()
         out = decode.beam_search(
             counting(make_tokens_to_logits(jnp.asarray(tables))),
@@ -338,6 +338,7 @@ def test_early_stopping_stops_early_and_changes_nothing():
             beam_size=4,
             alpha=0.6,
             early_stopping=early_stopping,
+            exact_beams=exact_beams,
         )
         jax.effects_barrier()
         return out, len(steps_run)
@@ -347,6 +348,24 @@ def test_early_stopping_stops_early_and_changes_nothing():
     assert n_full == 30 and n_es < 15
     np.testing.assert_array_equal(seqs_es, seqs_full)
     np.testing.assert_array_equal(scores_es, scores_full)
+    # exact_beams="best": stops no later, and the best hypothesis is the full search's
+    (seqs_b, scores_b), n_b = run(True, "best")
+    assert n_b <= n_es
+    np.testing.assert_array_equal(seqs_b[:, 0], seqs_full[:, 0])
+    np.testing.assert_array_equal(scores_b[:, 0], scores_full[:, 0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_best_only_early_stopping_keeps_the_best(seed):
+    # Random tables with a strong EOS, varied lengths: the best beam never changes.
+    tables = random_tables(seed=10 + seed, batch_size=3)
+    tables[..., EOS_ID] += 1.5 * (seed % 3)
+    kw = dict(batch_size=3, max_decode_len=12, max_lengths=jnp.array([12, 7, 10]), beam_size=4)
+    fn = make_tokens_to_logits(jnp.asarray(tables))
+    full = decode.beam_search(fn, init_cache(3), alpha=0.6, early_stopping=False, **kw)
+    best = decode.beam_search(fn, init_cache(3), alpha=0.6, exact_beams="best", **kw)
+    np.testing.assert_array_equal(best[0][:, 0], full[0][:, 0])
+    np.testing.assert_allclose(best[1][:, 0], full[1][:, 0], rtol=1e-6)
 
 
 def test_beam_size_one_equals_greedy():

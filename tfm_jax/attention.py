@@ -37,14 +37,20 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: Array | None = None,
     deterministic: bool = True,
+    kv_layout: str = "bkhd",
 ) -> tuple[Array, Array]:
     """§3.2.1 softmax(Q K^T / sqrt(d_k)) V over the key axis.
 
     query [b, q, h, d_k], key [b, k, h, d_k], value [b, k, h, d_v], mask broadcastable to
     [b, h, q, k] (True = attend). Returns (output [b, q, h, d_v], weights [b, h, q, k]).
+    kv_layout="bhkd": key/value come heads-first, [b, h, k, d] (the decoding caches' layout, so
+    that the whole cache is not transposed at every step).
     """
+    if kv_layout not in ("bkhd", "bhkd"):
+        raise ValueError(f"kv_layout must be 'bkhd' or 'bhkd', got {kv_layout!r}")
     d_k = query.shape[-1]
-    scores = jnp.einsum("bqhd,bkhd->bhqk", query, key) / jnp.sqrt(d_k).astype(query.dtype)
+    scores = jnp.einsum(f"bqhd,{kv_layout}->bhqk", query, key)
+    scores = scores / jnp.sqrt(d_k).astype(query.dtype)
     # The softmax runs in float32 even for bf16 compute: exp() of bf16 scores loses too much.
     scores = scores.astype(jnp.float32)
     if mask is not None:
@@ -58,7 +64,7 @@ def dot_product_attention(
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
     weights = weights.astype(value.dtype)
-    out = jnp.einsum("bhqk,bkhd->bqhd", weights, value)  # [b, q, h, d_v]
+    out = jnp.einsum(f"bhqk,{kv_layout}->bqhd", weights, value)  # [b, q, h, d_v]
     return out, weights
 
 
@@ -113,13 +119,18 @@ class MultiHeadAttention(nn.Module):
         w_k, w_v = kernel("key", self.d_k), kernel("value", self.d_v)
         query = proj(kernel("query", self.d_k), inputs_q)  # [b, q, h, d_k]
         query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+        kv_layout = "bkhd"
         if decode and static_kv:
-            key, value = self._static_kv(lambda: (proj(w_k, inputs_kv), proj(w_v, inputs_kv)))
+
+            def project():  # heads-first [b, h, k, d], the layout the cache keeps
+                return tuple(proj(w, inputs_kv).transpose(0, 2, 1, 3) for w in (w_k, w_v))
+
+            key, value, kv_layout = self._static_kv(project)
         else:
             key = proj(w_k, inputs_kv)  # [b, k, h, d_k]
             value = proj(w_v, inputs_kv)  # [b, k, h, d_v]
             if decode:
-                key, value, mask = self._update_cache(key, value, mask)
+                key, value, mask, kv_layout = self._update_cache(key, value, mask)
 
         dropout_rng = None
         if not deterministic and self.attention_dropout > 0.0:
@@ -132,6 +143,7 @@ class MultiHeadAttention(nn.Module):
             dropout_rate=self.attention_dropout,
             dropout_rng=dropout_rng,
             deterministic=deterministic,
+            kv_layout=kv_layout,
         )
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights)
@@ -145,6 +157,9 @@ class MultiHeadAttention(nn.Module):
     def d_model_in(x: Array) -> int:
         return x.shape[-1]
 
+    # Decoding caches keep keys/values heads-first, [b, h, len, d]: attention then reads them
+    # as they are, where the [b, len, h, d] layout cost a transpose of the whole cache per
+    # layer per step (measured: half of beam-search time).
     def _static_kv(self, project):
         """Keys/values of a fixed memory (the encoder output), projected once per decode."""
         initialized = self.has_variable("cache", "static_key")
@@ -153,7 +168,7 @@ class MultiHeadAttention(nn.Module):
             self.variable("cache", "static_key", jnp.zeros, key.shape, key.dtype)
             self.variable("cache", "static_value", jnp.zeros, value.shape, value.dtype)
             self.variable("cache", "static_filled", lambda: jnp.array(False))
-            return project()
+            return (*project(), "bhkd")
         cached_key = self.variable("cache", "static_key")
         cached_value = self.variable("cache", "static_value")
         filled = self.variable("cache", "static_filled")
@@ -162,7 +177,7 @@ class MultiHeadAttention(nn.Module):
         )
         cached_key.value, cached_value.value = key, value
         filled.value = jnp.array(True)
-        return key, value
+        return key, value, "bhkd"
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None):
         """Writes this step's key/value at cache_index and returns the whole cache.
@@ -171,23 +186,25 @@ class MultiHeadAttention(nn.Module):
         call brings one position; the returned mask lets it see positions <= cache_index (causal).
         """
         initialized = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+        heads_first = lambda x: x.transpose(0, 2, 1, 3)  # [b, l, h, d] -> [b, h, l, d]
+        k_shape, v_shape = heads_first(key).shape, heads_first(value).shape
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, k_shape, key.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, v_shape, value.dtype)
         cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
         if not initialized:
-            return key, value, mask
-        batch, max_len, heads, _ = cached_key.value.shape
+            return key, value, mask, "bkhd"
+        batch, heads, max_len, _ = cached_key.value.shape
         if key.shape[1] != 1:
             raise ValueError(f"decode=True takes one position at a time, got {key.shape[1]}")
         idx = cache_index.value
         zero = jnp.array(0, idx.dtype)
         cached_key.value = jax.lax.dynamic_update_slice(
-            cached_key.value, key, (zero, idx, zero, zero)
+            cached_key.value, heads_first(key), (zero, zero, idx, zero)
         )
         cached_value.value = jax.lax.dynamic_update_slice(
-            cached_value.value, value, (zero, idx, zero, zero)
+            cached_value.value, heads_first(value), (zero, zero, idx, zero)
         )
         cache_index.value = idx + 1
         step_mask = (jnp.arange(max_len) <= idx)[None, None, None, :]  # [1, 1, 1, max_len]
         step_mask = jnp.broadcast_to(step_mask, (batch, 1, 1, max_len))
-        return cached_key.value, cached_value.value, step_mask
+        return cached_key.value, cached_value.value, step_mask, "bhkd"

@@ -65,21 +65,28 @@ def _take_beams(x: jax.Array, indices: jax.Array) -> jax.Array:
     return x[jnp.arange(x.shape[0])[:, None], indices]
 
 
-def gather_cache(cache: Cache, beam_indices: jax.Array, beam_size: int) -> Cache:
+def gather_cache(
+    cache: Cache,
+    beam_indices: jax.Array,
+    beam_size: int,
+    beam_invariant: Callable[[tuple], bool] | None = None,
+) -> Cache:
     """Reorders a [batch*beam, ...] cache: new beam j of sentence b is old beam_indices[b, j].
 
-    0-dim leaves are shared by all rows and pass through unchanged.
+    0-dim leaves are shared by all rows and pass through unchanged, and so are leaves for which
+    `beam_invariant(path)` is true: ones that hold the same values for every beam of a sentence
+    (e.g. keys/values projected from the encoder output), where reordering is a costly no-op.
     """
     batch_size = beam_indices.shape[0]
 
-    def gather(x):
-        if x.ndim == 0:
+    def gather(path, x):
+        if x.ndim == 0 or (beam_invariant is not None and beam_invariant(path)):
             return x
         x = x.reshape((batch_size, beam_size) + x.shape[1:])  # [batch, beam, ...]
         x = _take_beams(x, beam_indices)  # [batch, new_beam, ...]
         return x.reshape((-1,) + x.shape[2:])  # [batch*new_beam, ...]
 
-    return jax.tree_util.tree_map(gather, cache)
+    return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 class _BeamState(NamedTuple):
@@ -105,6 +112,8 @@ def beam_search(
     bos_id: int = BOS_ID,
     pad_id: int = PAD_ID,
     early_stopping: bool = True,
+    exact_beams: str = "all",
+    beam_invariant: Callable[[tuple], bool] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """§6.1 beam search with the GNMT length penalty and per-sentence maximum lengths.
 
@@ -120,6 +129,12 @@ def beam_search(
       alpha: length-penalty exponent (paper: 0.6); must be >= 0 for early stopping to be exact.
       early_stopping: stop a sentence once no live beam can beat its worst finished one. Turning
         it off only costs time; the result is the same (tested).
+      exact_beams: "all" (the whole n-best list is exact) or "best": stop a sentence as soon as
+        no live beam can beat its *best* finished hypothesis. The best sequence and score are
+        then exactly those of a full search (tested), but lower-ranked beams may be missing or
+        not the true runners-up. Translation keeps only the best, and stops much sooner.
+      beam_invariant: `path -> bool` over cache leaves (jax key paths) that are the same for
+        every beam of a sentence; they are not reordered (see gather_cache).
 
     Returns:
       sequences int32 [batch, beam, max_decode_len], best first, without BOS, each ending with
@@ -129,6 +144,8 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    if exact_beams not in ("all", "best"):
+        raise ValueError(f"exact_beams must be 'all' or 'best', got {exact_beams!r}")
     if early_stopping and alpha < 0:
         # With alpha < 0 the penalty shrinks with length, so lp(max_length) no longer bounds
         # what a live beam can reach and stopping early could change the result.
@@ -159,10 +176,12 @@ def beam_search(
             best_live = s.live_logprobs[:, :1] / max_penalty  # [batch, 1]
             # Empty slots count as NEG_INF: a search with fewer than beam_size finished
             # hypotheses goes on, since any live beam that finishes would enter the top beams.
-            worst_finished = jnp.min(
-                jnp.where(s.finished_flags, s.finished_scores, NEG_INF), axis=1, keepdims=True
-            )
-            row_active &= ~jnp.all(worst_finished > best_live, axis=1)
+            finished = jnp.where(s.finished_flags, s.finished_scores, NEG_INF)
+            if exact_beams == "all":
+                bar = jnp.min(finished, axis=1, keepdims=True)  # the worst of the n-best
+            else:
+                bar = jnp.max(finished, axis=1, keepdims=True)  # only the best must be exact
+            row_active &= ~jnp.all(bar > best_live, axis=1)
         return (s.step < max_decode_len) & jnp.any(row_active)
 
     def step_fn(s: _BeamState) -> _BeamState:
@@ -190,7 +209,7 @@ def beam_search(
         # Live: best beam candidates that go on.
         live_logprobs, live_idx = lax.top_k(jnp.where(ends, NEG_INF, top_logprobs), beam_size)
         live_seqs = _take_beams(top_seqs, live_idx)
-        cache = gather_cache(cache, _take_beams(top_parents, live_idx), beam_size)
+        cache = gather_cache(cache, _take_beams(top_parents, live_idx), beam_size, beam_invariant)
 
         # Finished: best beam among the old finished and the candidates that end here.
         new_flags = ends & valid

@@ -142,6 +142,12 @@ def mask_special_logits(logits: jax.Array) -> jax.Array:
     return jnp.where(special, decode.NEG_INF, logits)
 
 
+def is_encoder_memory(path) -> bool:
+    """Cache leaves projected from the encoder output (MultiHeadAttention's static_* variables):
+    equal for every beam of a sentence, so beam search need not reorder them."""
+    return any(getattr(k, "key", None) in ("static_key", "static_value") for k in path)
+
+
 def cached_tokens_to_logits(model: Transformer, params, encoded: jax.Array, inputs: jax.Array):
     """decode.TokensToLogits over the model's KV cache (the "cache" collection)."""
 
@@ -185,6 +191,8 @@ def _search(params, inputs, max_lengths, *, model, beam_size, alpha, max_decode_
         max_lengths=max_lengths,
         beam_size=beam_size,
         alpha=alpha,
+        exact_beams="best",  # only the best is kept: stop once nothing can beat it
+        beam_invariant=is_encoder_memory,
     )
     return seqs[:, 0]  # [rows, max_decode_len], best first
 
