@@ -76,8 +76,8 @@ class SubLayer(nn.Module):
         return x + drop(fn(ln(x)), deterministic=deterministic)
 
 
-class EncoderLayer(nn.Module):
-    """§3.1 encoder layer: self-attention, then FFN, each a residual sub-layer."""
+class _Layer(nn.Module):
+    """Fields shared by the encoder and decoder layers (one per model.* size)."""
 
     d_model: int
     d_ff: int
@@ -88,35 +88,35 @@ class EncoderLayer(nn.Module):
     attention_dropout: float
     norm: str
     dtype: jnp.dtype = jnp.float32
+
+    def attention(self, name: str) -> MultiHeadAttention:
+        return MultiHeadAttention(
+            self.num_heads, self.d_k, self.d_v, self.d_model, self.attention_dropout,
+            dtype=self.dtype, name=name,
+        )  # fmt: skip
+
+    def sublayer(self, name: str) -> SubLayer:
+        return SubLayer(self.norm, self.dropout, self.dtype, name=name)
+
+    def ffn(self) -> FeedForward:
+        return FeedForward(self.d_model, self.d_ff, dtype=self.dtype, name="ffn")
+
+
+class EncoderLayer(_Layer):
+    """§3.1 encoder layer: self-attention, then FFN, each a residual sub-layer."""
 
     @nn.compact
     def __call__(self, x: Array, mask: Array, *, deterministic: bool) -> Array:
-        attn = MultiHeadAttention(
-            self.num_heads, self.d_k, self.d_v, self.d_model, self.attention_dropout,
-            dtype=self.dtype, name="self_attention",
-        )  # fmt: skip
-        x = SubLayer(self.norm, self.dropout, self.dtype, name="attention_block")(
+        attn = self.attention("self_attention")
+        x = self.sublayer("attention_block")(
             x, lambda y: attn(y, y, mask, deterministic=deterministic), deterministic=deterministic
         )
-        ffn = FeedForward(self.d_model, self.d_ff, dtype=self.dtype, name="ffn")
-        x = SubLayer(self.norm, self.dropout, self.dtype, name="ffn_block")(
-            x, ffn, deterministic=deterministic
-        )
+        x = self.sublayer("ffn_block")(x, self.ffn(), deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_Layer):
     """§3.1 decoder layer: masked self-attention, encoder-decoder attention, FFN."""
-
-    d_model: int
-    d_ff: int
-    num_heads: int
-    d_k: int
-    d_v: int
-    dropout: float
-    attention_dropout: float
-    norm: str
-    dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(
@@ -129,29 +129,21 @@ class DecoderLayer(nn.Module):
         deterministic: bool,
         decode: bool,
     ) -> Array:
-        def mha(name):
-            return MultiHeadAttention(
-                self.num_heads, self.d_k, self.d_v, self.d_model, self.attention_dropout,
-                dtype=self.dtype, name=name,
-            )  # fmt: skip
-
-        self_attn, cross_attn = mha("self_attention"), mha("cross_attention")
-        y = SubLayer(self.norm, self.dropout, self.dtype, name="self_attention_block")(
+        self_attn = self.attention("self_attention")
+        cross_attn = self.attention("cross_attention")
+        y = self.sublayer("self_attention_block")(
             y,
             lambda z: self_attn(z, z, self_mask, deterministic=deterministic, decode=decode),
             deterministic=deterministic,
         )
-        y = SubLayer(self.norm, self.dropout, self.dtype, name="cross_attention_block")(
+        y = self.sublayer("cross_attention_block")(
             y,
             lambda z: cross_attn(
                 z, encoded, cross_mask, deterministic=deterministic, decode=decode, static_kv=True
             ),
             deterministic=deterministic,
         )
-        ffn = FeedForward(self.d_model, self.d_ff, dtype=self.dtype, name="ffn")
-        y = SubLayer(self.norm, self.dropout, self.dtype, name="ffn_block")(
-            y, ffn, deterministic=deterministic
-        )
+        y = self.sublayer("ffn_block")(y, self.ffn(), deterministic=deterministic)
         return nn.with_logical_constraint(y, ("batch", "length", "embed"))
 
 
