@@ -50,6 +50,8 @@ def get_config():
     cfg.train.keep_checkpoints = 5
     cfg.train.average_last = 5
 
-    cfg.decode.tokens_per_batch = 2048
+    # Smaller decoding batches finish sooner: a batch's loop runs until its slowest sentence
+    # stops. Beam-4 on test_2016_flickr, one run: 512 -> 1.23x the sentences/s of 2048.
+    cfg.decode.tokens_per_batch = 512
     cfg.lock()
     return cfg
