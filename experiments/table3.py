@@ -184,6 +184,53 @@ def run_row(preset: str, row: str, root: str, data_dir: str | None) -> dict:
     return result
 
 
+# The paper's qualitative claims about Table 3, as (row, base-relative claim, metric, sign):
+# sign -1 means the row's metric should be worse than base's (BLEU lower / PPL higher).
+CLAIMS = (
+    ("A1", "single-head attention is worse than 8 heads (§6.2)", "bleu", -1),
+    ("A32", "too many heads also hurt quality (§6.2)", "bleu", -1),
+    ("B16", "reducing d_k hurts quality (§6.2)", "bleu", -1),
+    ("B32", "reducing d_k hurts quality (§6.2)", "bleu", -1),
+    ("C2", "fewer layers are worse", "bleu", -1),
+    ("C4", "fewer layers are worse", "bleu", -1),
+    ("C8", "more layers are better", "bleu", +1),
+    ("C256", "a smaller model is worse", "bleu", -1),
+    ("C1024", "a bigger model is better", "bleu", +1),
+    ("Cff1024", "a smaller d_ff is worse", "bleu", -1),
+    ("Cff4096", "a bigger d_ff is better", "bleu", +1),
+    ("D0.0", "dropout helps: no dropout is worse", "bleu", -1),
+    ("Dls0.0", "label smoothing hurts perplexity: none gives lower PPL", "ppl", +1),
+    ("big", "the big model is better", "bleu", +1),
+)
+
+
+def orderings(results: list[dict]) -> list[str]:
+    """Which of the paper's claims the measured rows reproduce (relative to our base row)."""
+    by_row = {r["row"]: r for r in results}
+    if "base" not in by_row:
+        return ["(no base row: orderings need it)"]
+    base = by_row["base"]
+    lines = []
+    for row, claim, metric, sign in CLAIMS:
+        if row not in by_row:
+            continue
+        ours = by_row[row][metric]
+        # "better": BLEU higher / PPL lower; sign says whether the paper finds the row better
+        better = ours > base[metric] if metric == "bleu" else ours < base[metric]
+        held = better == (sign > 0)
+        lines.append(
+            f"- {row}: {claim}: {'reproduced' if held else 'NOT reproduced'} "
+            f"({metric} {ours:.2f} vs base {base[metric]:.2f})"
+        )
+    if "E" in by_row:
+        e = by_row["E"]
+        lines.append(
+            f"- E: learned positions are nearly identical to sinusoids (paper 25.7 vs 25.8 BLEU): "
+            f"BLEU {e['bleu']:.2f} vs base {base['bleu']:.2f}"
+        )
+    return lines
+
+
 COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "steps")
 KEYS = ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "model.d_k",
         "model.d_v", "model.dropout", "loss.label_smoothing", "train.num_steps")  # fmt: skip
@@ -220,6 +267,7 @@ def write_table(preset: str, results: list[dict], out_dir: str, command: str) ->
         "|" + "---|" * len(header),
     ]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines += ["", "## The paper's orderings at this scale", "", *orderings(results)]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     paths = [stem + ".md", stem + ".csv"]
