@@ -60,7 +60,6 @@ def build_config(spec: str | None, overrides: dict[str, str], workdir: str | Non
         cfg = config_lib.config_from_json(checkpoint.read_config_json(workdir))
     else:
         raise config_lib.ConfigError("give --config=configs/<file>.py (or --workdir of a run)")
-    cfg = cfg.copy_and_resolve_references() if not overrides else cfg
     for key, text in overrides.items():
         config_lib.apply_overrides(cfg, {key: config_lib.parse_override_value(cfg, key, text)})
     cfg.lock()

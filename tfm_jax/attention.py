@@ -109,7 +109,7 @@ class MultiHeadAttention(nn.Module):
             # [d_model, h, features]. Plain params, not nn.DenseGeneral: its flat-then-reshape
             # init breaks 3-D logical partitioning.
             init = nn.with_logical_partitioning(self.kernel_init, ("embed", "heads", "kv"))
-            w = self.param(name, init, (self.d_model_in(inputs_q), self.num_heads, features),
+            w = self.param(name, init, (inputs_q.shape[-1], self.num_heads, features),
                            self.param_dtype)  # fmt: skip
             return jnp.asarray(w, self.dtype)
 
@@ -152,10 +152,6 @@ class MultiHeadAttention(nn.Module):
             "out", out_init, (self.num_heads, self.d_v, self.d_model), self.param_dtype
         )
         return jnp.einsum("bqhf,hfd->bqd", out, jnp.asarray(w_out, self.dtype))  # [b, q, d_model]
-
-    @staticmethod
-    def d_model_in(x: Array) -> int:
-        return x.shape[-1]
 
     # Decoding caches keep keys/values heads-first, [b, h, len, d]: attention then reads them
     # as they are, where the [b, len, h, d] layout cost a transpose of the whole cache per

@@ -189,7 +189,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     flops_by_shape: dict[tuple, float] = {}
     state, step = run.state, run.start_step
     last_good = run.checkpointer.latest_step()
-    acc, acc_real, acc_slots, acc_steps = None, 0, 0, 0
+    acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
     t_log = time.time()
     metrics: dict[str, Any] = {}
 
@@ -218,7 +218,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
             )
             acc_slots += local["inputs"].size + local["targets"].size
             acc_steps += 1
-            acc_flops = flops_by_shape[shape]
+            acc_flops += flops_by_shape[shape]  # batches of different shapes differ
 
             if step % cfg.train.log_every_steps == 0 or step == num_steps:
                 check_finite(acc, step)
@@ -232,11 +232,11 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                     "target_tokens_per_s": host["tokens"] / dt,
                     "steps_per_s": acc_steps / dt,
                     "padding_efficiency": acc_real / max(acc_slots, 1),
-                    "flops_per_s": acc_flops * acc_steps / dt,
+                    "flops_per_s": acc_flops / dt,
                 }
                 writer.write(step, "train", metrics)
                 progress.update(step, metrics)
-                acc, acc_real, acc_slots, acc_steps = None, 0, 0, 0
+                acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
                 t_log = time.time()
 
             if step % cfg.train.eval_every_steps == 0 or step == num_steps:
