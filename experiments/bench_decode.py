@@ -57,6 +57,7 @@ def bench_decode(
         "alpha": cfg.decode.alpha,
     }
     start_compiles = inference.compile_count()
+    start_redecoded = inference.redecode_count()
     for name, kw in (("beam4", dict(beam_size=4)), ("greedy", dict(greedy=True))):
 
         def run(kw=kw):
@@ -71,6 +72,9 @@ def bench_decode(
         result[f"{name}_first_pass_seconds"] = round(first, 3)  # compilation included
         result[f"{name}_mean_output_tokens"] = round(tokens / max(1, len(outs)), 2)
     result["compilations"] = inference.compile_count() - start_compiles
+    # Sentences the short first pass did not finish, per timed pass of each mode.
+    result["redecoded_per_pass"] = (inference.redecode_count() - start_redecoded) / 4
+    result["first_pass_extra_len"] = cfg.decode.first_pass_extra_len
     return result
 
 

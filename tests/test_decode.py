@@ -54,6 +54,7 @@ def init_cache(batch_size, rows=None):
     jax.jit, static_argnames=("beam_size", "alpha", "max_decode_len", "early_stopping")
 )
 def run_beam(tables, rows, max_lengths, *, beam_size, alpha, max_decode_len, early_stopping=True):
+    """(sequences, scores); every test here uses a full-length buffer."""
     return decode.beam_search(
         make_tokens_to_logits(tables),
         init_cache(rows.shape[0], rows),
@@ -63,7 +64,7 @@ def run_beam(tables, rows, max_lengths, *, beam_size, alpha, max_decode_len, ear
         beam_size=beam_size,
         alpha=alpha,
         early_stopping=early_stopping,
-    )
+    )[:2]
 
 
 @functools.partial(jax.jit, static_argnames=("max_decode_len",))
@@ -74,7 +75,7 @@ def run_greedy(tables, rows, max_lengths, *, max_decode_len):
         batch_size=rows.shape[0],
         max_decode_len=max_decode_len,
         max_lengths=max_lengths,
-    )
+    ).sequences
 
 
 # ---- numpy references -------------------------------------------------------------------------
@@ -341,7 +342,7 @@ def test_early_stopping_stops_early_and_changes_nothing():
             exact_beams=exact_beams,
         )
         jax.effects_barrier()
-        return out, len(steps_run)
+        return out[:2], len(steps_run)
 
     (seqs_es, scores_es), n_es = run(True)
     (seqs_full, scores_full), n_full = run(False)
@@ -404,3 +405,46 @@ def test_rejects_bad_arguments():
         decode.beam_search(fn, init_cache(1), beam_size=0, **kwargs)
     with pytest.raises(ValueError, match="alpha"):
         decode.beam_search(fn, init_cache(1), alpha=-0.5, **kwargs)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_short_buffer_is_exact_where_complete(seed):
+    """A buffer shorter than max_lengths: every sentence it reports complete equals a full-buffer
+    search, and once complete at some buffer length it stays complete at every longer one."""
+    tables = random_tables(seed=20 + seed, batch_size=4)
+    tables[..., EOS_ID] += 1.0 + seed % 2
+    max_lengths = jnp.array([12, 9, 12, 5])
+    fn = make_tokens_to_logits(jnp.asarray(tables))
+    kw = dict(batch_size=4, max_lengths=max_lengths, beam_size=4, alpha=0.6)
+    for exact_beams in ("all", "best"):
+        full = decode.beam_search(
+            fn, init_cache(4), max_decode_len=12, exact_beams=exact_beams, **kw
+        )
+        assert np.all(full.complete)
+        flags = []
+        for short_len in range(1, 12):
+            short = decode.beam_search(
+                fn, init_cache(4), max_decode_len=short_len, exact_beams=exact_beams, **kw
+            )
+            flags.append(np.asarray(short.complete))
+            beams = slice(None) if exact_beams == "all" else slice(0, 1)  # what is exact
+            for b in np.flatnonzero(short.complete):
+                np.testing.assert_array_equal(
+                    short.sequences[b, beams], full.sequences[b, beams, :short_len]
+                )
+                assert np.all(np.asarray(full.sequences[b, beams, short_len:]) == PAD_ID)
+                np.testing.assert_allclose(short.scores[b, beams], full.scores[b, beams], rtol=1e-6)
+        flags = np.stack(flags)  # [buffer length - 1, batch]
+        assert np.all(flags[1:] >= flags[:-1])  # monotone in the buffer length
+        assert flags.any() and (exact_beams == "best" or not flags.all())  # some cut off
+        assert flags[4, 3]  # max length 5 is reached within a 5-token buffer
+    # greedy: complete iff EOS or max length came within the buffer, and then equal
+    full = run_greedy(jnp.asarray(tables), jnp.arange(4), max_lengths, max_decode_len=12)
+    short = decode.greedy_search(
+        fn, init_cache(4), batch_size=4, max_decode_len=4, max_lengths=max_lengths
+    )
+    for b in range(4):
+        ends = strip(full[b])
+        assert bool(short.complete[b]) == (len(ends) <= 4)
+        if short.complete[b]:
+            np.testing.assert_array_equal(short.sequences[b], full[b, :4])

@@ -45,7 +45,7 @@ def run_beam(params, inputs, max_lengths, *, model, cached, max_decode_len):
     enc_b, in_b = decode.expand_to_beams((encoded, inputs), 4)
     if cached:
         fn = inference.cached_tokens_to_logits(model, params, enc_b, in_b)
-        cache = inference._init_cache(model, rows, inputs.shape[1], max_decode_len)
+        cache = inference.init_cache(model, params, encoded, inputs, max_decode_len)
     else:
         fn = full_recompute_tokens_to_logits(model, params, enc_b, in_b)
         cache = {
@@ -55,7 +55,7 @@ def run_beam(params, inputs, max_lengths, *, model, cached, max_decode_len):
     return decode.beam_search(
         fn, cache, batch_size=rows, max_decode_len=max_decode_len, max_lengths=max_lengths,
         beam_size=4, alpha=0.6,
-    )  # fmt: skip
+    )[:2]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +197,28 @@ def test_translate_texts_order_empty_lines_and_batch_independence(loaded, caplog
     with caplog.at_level("WARNING"):
         (long_out,) = inference.translate_texts(cfg, model, params, tokenizer, [" ".join(EN * 20)])
     assert isinstance(long_out, str) and "Truncated 1 source line" in caplog.text
+
+
+def test_two_pass_decoding_equals_one_full_pass(loaded, monkeypatch):
+    """decode.first_pass_extra_len: a short first buffer, then the full length for the sentences
+    it cut off, gives exactly the one-pass outputs."""
+    cfg, model, params, tokenizer = loaded
+    # Unpadded source lengths, so that a first buffer of source length + 1 cuts some outputs.
+    monkeypatch.setattr(inference, "SRC_LEN_MULTIPLE", 1)
+    rng = np.random.default_rng(5)
+    # Real sentences and random ids: outputs of several lengths, some longer than source + 1.
+    sources = tokenizer.encode_batch(_corpus(8, seed=7)[0])
+    sources += [rng.integers(4, cfg.model.vocab_size, n).tolist() for n in (3, 3, 7, 7, 7)]
+    outputs = {}
+    for extra in (0, 1):
+        c = cfg.copy_and_resolve_references()
+        c.decode.max_extra_len, c.decode.first_pass_extra_len = 40, extra
+        before = inference.redecode_count()
+        outputs[extra] = inference.translate_ids(c, model, params, sources)
+        redone = inference.redecode_count() - before
+        assert redone == 0 if extra == 0 else 0 < redone < len(sources), (extra, redone)
+    for a, b in zip(outputs[1], outputs[0], strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_translate_cli_round_trip(run, tmp_path, monkeypatch, capsys):

@@ -150,12 +150,15 @@ def test_packed_rows_equal_separate_rows(model_and_params):
     np.testing.assert_allclose(out[len(t0) : len(t0) + len(t1)], base[1, : len(t1)], atol=1e-5)
 
 
-def init_cache(model, src, max_decode_len):
-    def fn(mod, s, t):
-        return mod.decode(mod.encode(s), s, t, decode=True)
-
-    dummy = jnp.ones((src.shape[0], max_decode_len), jnp.int32)
-    return model.init(jax.random.PRNGKey(0), src, dummy, method=fn)["cache"]
+def init_cache(model, params, encoded, src, max_decode_len):
+    return model.apply(
+        {"params": params},
+        encoded,
+        src,
+        max_decode_len,
+        method=Transformer.init_cache,
+        mutable=["cache"],
+    )[1]["cache"]
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
@@ -164,7 +167,7 @@ def test_incremental_decoding_equals_full_forward(positional):
     params = nn.unbox(model.init(jax.random.PRNGKey(1), SRC, TGT))["params"]
     full = np.asarray(model.apply({"params": params}, SRC, TGT))
     encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    cache = init_cache(model, SRC, max_decode_len=10)
+    cache = init_cache(model, params, encoded, SRC, max_decode_len=10)
     dec_in = shift_right(jnp.asarray(TGT))
     step = jax.jit(
         lambda c, tok: model.apply(

@@ -157,22 +157,19 @@ class MultiHeadAttention(nn.Module):
     # as they are, where the [b, len, h, d] layout cost a transpose of the whole cache per
     # layer per step (measured: half of beam-search time).
     def _static_kv(self, project):
-        """Keys/values of a fixed memory (the encoder output), projected once per decode."""
-        initialized = self.has_variable("cache", "static_key")
-        key, value = jax.eval_shape(project) if not initialized else (None, None)
-        if not initialized:
-            self.variable("cache", "static_key", jnp.zeros, key.shape, key.dtype)
-            self.variable("cache", "static_value", jnp.zeros, value.shape, value.dtype)
-            self.variable("cache", "static_filled", lambda: jnp.array(False))
-            return (*project(), "bhkd")
-        cached_key = self.variable("cache", "static_key")
-        cached_value = self.variable("cache", "static_value")
-        filled = self.variable("cache", "static_filled")
-        key, value = jax.lax.cond(
-            filled.value, lambda: (cached_key.value, cached_value.value), project
-        )
-        cached_key.value, cached_value.value = key, value
-        filled.value = jnp.array(True)
+        """Keys/values of a fixed memory (the encoder output), projected once per decode.
+
+        They are projected when the cache is created (an `apply(..., mutable=["cache"])` with the
+        real params and encoder output, see Transformer.decode) and only read afterwards, so the
+        decoding loop neither re-projects them nor branches on whether they exist.
+        """
+        if not self.has_variable("cache", "static_key"):
+            key, value = project()
+            self.variable("cache", "static_key", lambda: key)
+            self.variable("cache", "static_value", lambda: value)
+            return key, value, "bhkd"
+        key = self.get_variable("cache", "static_key")
+        value = self.get_variable("cache", "static_value")
         return key, value, "bhkd"
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None):

@@ -22,6 +22,15 @@ appended) and it is scored like any other finished hypothesis.
 
 Both searches are jit-compatible; batch_size, beam_size, alpha, max_decode_len and
 early_stopping are Python values (static under jit), `max_lengths` may be traced.
+
+Short buffers: `max_decode_len` (the size of the output buffer and of the caller's KV cache) may
+be smaller than a sentence's `max_lengths`. The search then stops when the buffer is full, and a
+sentence whose search had not ended by itself (EOS-terminated with nothing left that could beat
+it, or its max length reached) comes back with `complete[b] = False`. Every complete sentence's
+result is exactly what a search with a full-length buffer returns, since the two searches take
+the same steps up to that point. Decoding with a short buffer first and again at full length
+only for the incomplete sentences is therefore exact, and cheaper: the cache, its per-step beam
+reorder and the attention over it all scale with the buffer length.
 """
 
 from __future__ import annotations
@@ -89,6 +98,17 @@ def gather_cache(
     return jax.tree_util.tree_map_with_path(gather, cache)
 
 
+class BeamSearchOutput(NamedTuple):
+    sequences: jax.Array  # int32 [batch, beam, max_decode_len]: best first, no BOS, EOS then PAD
+    scores: jax.Array  # float32 [batch, beam]: length-penalized log-probs, NEG_INF if empty
+    complete: jax.Array  # bool [batch]: the search ended by itself within the buffer
+
+
+class GreedyOutput(NamedTuple):
+    sequences: jax.Array  # int32 [batch, max_decode_len]: no BOS, EOS (or max length) then PAD
+    complete: jax.Array  # bool [batch]: EOS or the max length was reached within the buffer
+
+
 class _BeamState(NamedTuple):
     step: jax.Array  # int32 []: tokens generated so far (column `step` of *_seqs is the last one)
     live_logprobs: jax.Array  # [batch, beam] summed log-probs of unfinished prefixes, best first
@@ -114,7 +134,7 @@ def beam_search(
     early_stopping: bool = True,
     exact_beams: str = "all",
     beam_invariant: Callable[[tuple], bool] | None = None,
-) -> tuple[jax.Array, jax.Array]:
+) -> BeamSearchOutput:
     """§6.1 beam search with the GNMT length penalty and per-sentence maximum lengths.
 
     Args:
@@ -122,9 +142,10 @@ def beam_search(
       init_cache: cache for one hypothesis per sentence (leaves [batch, ...] or 0-dim); it is
         expanded to the beams here.
       batch_size: number of sentences.
-      max_decode_len: static padded output length (>= max(max_lengths)).
+      max_decode_len: static output buffer length; normally >= max(max_lengths). A shorter
+        buffer stops the search when full (see "Short buffers" above).
       max_lengths: int32 [batch], maximum output length of each sentence (paper: input length
-        + 50), clipped to [1, max_decode_len].
+        + 50), at least 1.
       beam_size: number of hypotheses kept (paper: 4).
       alpha: length-penalty exponent (paper: 0.6); must be >= 0 for early stopping to be exact.
       early_stopping: stop a sentence once no live beam can beat its worst finished one. Turning
@@ -137,10 +158,12 @@ def beam_search(
         every beam of a sentence; they are not reordered (see gather_cache).
 
     Returns:
-      sequences int32 [batch, beam, max_decode_len], best first, without BOS, each ending with
-      EOS (or cut at its max length) followed by PAD; scores float32 [batch, beam], the
-      length-penalized log-probabilities (NEG_INF for a slot that holds no hypothesis, which
-      only happens when the vocabulary is smaller than the beam).
+      BeamSearchOutput: sequences int32 [batch, beam, max_decode_len], best first, without BOS,
+      each ending with EOS (or cut at its max length) followed by PAD; scores float32 [batch,
+      beam], the length-penalized log-probabilities (NEG_INF for a slot that holds no
+      hypothesis, which only happens when the vocabulary is smaller than the beam); complete
+      bool [batch], False only for sentences cut short by a buffer shorter than max_lengths
+      (their sequences and scores are then not meaningful).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
@@ -151,7 +174,7 @@ def beam_search(
         # what a live beam can reach and stopping early could change the result.
         raise ValueError(f"early_stopping needs alpha >= 0, got {alpha}")
 
-    max_lengths = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)  # [batch]
+    max_lengths = jnp.maximum(jnp.asarray(max_lengths, jnp.int32), 1)  # [batch]
     # The best score a live prefix can still reach: its log-prob can only fall and the penalty
     # only grows with length (alpha >= 0), so divide by the penalty at the maximum length.
     max_penalty = length_penalty(max_lengths, alpha)[:, None]  # [batch, 1]
@@ -170,8 +193,9 @@ def beam_search(
         cache=expand_to_beams(init_cache, beam_size),
     )
 
-    def not_done(s: _BeamState) -> jax.Array:
-        row_active = s.step < max_lengths  # [batch]
+    def searching(s: _BeamState) -> jax.Array:
+        """bool [batch]: the sentence's search has not ended by itself."""
+        row_active = s.step < max_lengths
         if early_stopping:
             best_live = s.live_logprobs[:, :1] / max_penalty  # [batch, 1]
             # Empty slots count as NEG_INF: a search with fewer than beam_size finished
@@ -182,7 +206,10 @@ def beam_search(
             else:
                 bar = jnp.max(finished, axis=1, keepdims=True)  # only the best must be exact
             row_active &= ~jnp.all(bar > best_live, axis=1)
-        return (s.step < max_decode_len) & jnp.any(row_active)
+        return row_active
+
+    def not_done(s: _BeamState) -> jax.Array:
+        return (s.step < max_decode_len) & jnp.any(searching(s))
 
     def step_fn(s: _BeamState) -> _BeamState:
         last = lax.dynamic_index_in_dim(s.live_seqs, s.step, axis=2, keepdims=False)
@@ -233,7 +260,7 @@ def beam_search(
     final = lax.while_loop(not_done, step_fn, state)
     # Every sentence is force-finished at its max length, so finished slots are filled (up to
     # vocabulary size); empty slots keep NEG_INF and PAD.
-    return final.finished_seqs[:, :, 1:], final.finished_scores
+    return BeamSearchOutput(final.finished_seqs[:, :, 1:], final.finished_scores, ~searching(final))
 
 
 class _GreedyState(NamedTuple):
@@ -253,13 +280,15 @@ def greedy_search(
     eos_id: int = EOS_ID,
     bos_id: int = BOS_ID,
     pad_id: int = PAD_ID,
-) -> jax.Array:
-    """Argmax decoding: int32 [batch, max_decode_len], without BOS, EOS (or max length) then PAD.
+) -> GreedyOutput:
+    """Argmax decoding: sequences int32 [batch, max_decode_len], without BOS, EOS (or max
+    length) then PAD, and `complete` [batch] (False where a buffer shorter than max_lengths cut
+    the sentence off; see "Short buffers" above).
 
     Same callback and cache contract as beam_search, with rows = batch. Finished sentences keep
     being fed PAD until every sentence is done.
     """
-    max_lengths = jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)  # [batch]
+    max_lengths = jnp.maximum(jnp.asarray(max_lengths, jnp.int32), 1)  # [batch]
     seqs0 = jnp.full((batch_size, max_decode_len + 1), pad_id, jnp.int32).at[:, 0].set(bos_id)
     state = _GreedyState(
         step=jnp.array(0, jnp.int32),
@@ -280,4 +309,5 @@ def greedy_search(
         finished = s.finished | (tokens == eos_id) | (length >= max_lengths)
         return _GreedyState(length, s.seqs.at[:, length].set(tokens), finished, cache)
 
-    return lax.while_loop(not_done, step_fn, state).seqs[:, 1:]
+    final = lax.while_loop(not_done, step_fn, state)
+    return GreedyOutput(final.seqs[:, 1:], final.finished)

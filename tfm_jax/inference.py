@@ -7,6 +7,12 @@ to a power of two). A bucket's last batch takes the next power of two >= its sen
 with dummy rows, so a test set compiles about two shapes per length bucket and translating one
 sentence does not run a full-size batch. jax.jit caches one executable per (rows, source length,
 max_decode_len, beam, alpha, greedy); `compile_count()` counts them.
+
+Two passes (decode.first_pass_extra_len): every batch is first decoded with an output buffer of
+(padded source length + first_pass_extra_len) tokens, and only the sentences whose search had
+not ended by then are decoded again with the full (source length + max_extra_len) buffer. The
+result is exactly that of one full-length pass (decode.py, "Short buffers"). On the quickstart
+model no test sentence needed the second pass at 12 and beam-4 ran 1.28x faster.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ SRC_LEN_MULTIPLE = 16  # padded source lengths are multiples of this (one compil
 
 # Incremented while jax traces _search, i.e. once per compilation (a jit cache miss).
 _COMPILATIONS = [0]
+# Sentences a first, short-buffer pass left unfinished (decoded again at full length).
+_REDECODED = [0]
 
 
 class InferenceError(ValueError):
@@ -46,6 +54,12 @@ class InferenceError(ValueError):
 def compile_count() -> int:
     """Decoding executables compiled so far in this process (one per distinct batch setup)."""
     return _COMPILATIONS[0]
+
+
+def redecode_count() -> int:
+    """Sentences decoded twice so far: the first, short-buffer pass (decode.first_pass_extra_len)
+    did not finish them."""
+    return _REDECODED[0]
 
 
 # ----------------------------------------------------------------------------- loading
@@ -119,19 +133,19 @@ def load_for_inference(
 # ----------------------------------------------------------------------------- decoding
 
 
-def _init_cache(model: Transformer, rows: int, src_len: int, max_decode_len: int):
-    """Zero KV cache for `rows` hypotheses of up to max_decode_len tokens (shapes only traced)."""
-
-    def fn(mod, src, tgt):
-        return mod.decode(mod.encode(src), src, tgt, decode=True)
-
-    src = jax.ShapeDtypeStruct((rows, src_len), jnp.int32)
-    tgt = jax.ShapeDtypeStruct((rows, max_decode_len), jnp.int32)
-    shapes = jax.eval_shape(
-        functools.partial(model.init, method=fn), jax.random.PRNGKey(0), src, tgt
-    )["cache"]
-    # Every cache variable starts at zero (keys, values, the step counters).
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+def init_cache(model: Transformer, params, encoded: jax.Array, inputs: jax.Array,
+               max_decode_len: int):  # fmt: skip
+    """Decoding cache for inputs.shape[0] rows: empty self-attention caches of max_decode_len
+    positions and the encoder-decoder keys/values projected from `encoded`."""
+    _, variables = model.apply(
+        {"params": params},
+        encoded,
+        inputs,
+        max_decode_len,
+        method=Transformer.init_cache,
+        mutable=["cache"],
+    )
+    return variables["cache"]
 
 
 def mask_special_logits(logits: jax.Array) -> jax.Array:
@@ -170,11 +184,12 @@ def cached_tokens_to_logits(model: Transformer, params, encoded: jax.Array, inpu
     jax.jit, static_argnames=("model", "beam_size", "alpha", "max_decode_len", "greedy")
 )
 def _search(params, inputs, max_lengths, *, model, beam_size, alpha, max_decode_len, greedy):
-    """Source ids [rows, S] -> best output ids [rows, max_decode_len] (EOS, then PAD)."""
+    """Source ids [rows, S] -> (best output ids [rows, max_decode_len] (EOS, then PAD),
+    complete [rows]: False where max_decode_len was too short for the search to end)."""
     _COMPILATIONS[0] += 1  # runs only while tracing
     rows = inputs.shape[0]
     encoded = model.apply({"params": params}, inputs, method=Transformer.encode)  # [rows, S, d]
-    cache = _init_cache(model, rows, inputs.shape[1], max_decode_len)
+    cache = init_cache(model, params, encoded, inputs, max_decode_len)
     if greedy:
         fn = cached_tokens_to_logits(model, params, encoded, inputs)
         return decode.greedy_search(
@@ -183,7 +198,7 @@ def _search(params, inputs, max_lengths, *, model, beam_size, alpha, max_decode_
     # The encoder ran once per sentence; its output is repeated for the beams.
     encoded, inputs = decode.expand_to_beams((encoded, inputs), beam_size)
     fn = cached_tokens_to_logits(model, params, encoded, inputs)
-    seqs, _ = decode.beam_search(
+    out = decode.beam_search(
         fn,
         cache,
         batch_size=rows,
@@ -194,7 +209,7 @@ def _search(params, inputs, max_lengths, *, model, beam_size, alpha, max_decode_
         exact_beams="best",  # only the best is kept: stop once nothing can beat it
         beam_invariant=is_encoder_memory,
     )
-    return seqs[:, 0]  # [rows, max_decode_len], best first
+    return out.sequences[:, 0], out.complete  # the best of each sentence
 
 
 def source_limit(cfg: ml_collections.ConfigDict) -> int:
@@ -273,30 +288,46 @@ def translate_ids(
         )
     results = [np.zeros(0, np.int32) for _ in seqs]
     nonempty = [i for i, s in enumerate(seqs) if len(s)]
-    for chunk, rows, src_len in plan_batches(cfg, [len(seqs[i]) for i in nonempty]):
-        inputs = np.full((rows, src_len), PAD_ID, np.int32)
-        # Dummy rows: all PAD and one output token, so they finish at the first step.
-        max_lengths = np.ones(rows, np.int32)
-        for r, j in enumerate(chunk):
-            s = seqs[nonempty[j]]
-            inputs[r, : len(s)] = s
-            max_lengths[r] = min(len(s) + max_extra_len, out_limit)
-        out = _search(
-            params,
-            inputs,
-            max_lengths,
-            model=model,
-            beam_size=beam_size,
-            alpha=float(alpha),
-            max_decode_len=min(src_len + max_extra_len, out_limit),
-            greedy=greedy,
-        )
-        out = np.asarray(jax.device_get(out))
-        for r, j in enumerate(chunk):
-            row = out[r]
-            end = np.flatnonzero(row == EOS_ID)
-            stop = int(end[0]) + 1 if len(end) else int(max_lengths[r])
-            results[nonempty[j]] = row[:stop]
+    first_extra = cfg.decode.first_pass_extra_len
+    two_pass = 0 < first_extra < max_extra_len
+
+    def run_plan(indices: list[int], short: bool) -> list[int]:
+        """Decodes seqs[indices]; returns the indices a short buffer cut off."""
+        redo = []
+        for chunk, rows, src_len in plan_batches(cfg, [len(seqs[i]) for i in indices]):
+            inputs = np.full((rows, src_len), PAD_ID, np.int32)
+            # Dummy rows: all PAD and one output token, so they finish at the first step.
+            max_lengths = np.ones(rows, np.int32)
+            for r, j in enumerate(chunk):
+                s = seqs[indices[j]]
+                inputs[r, : len(s)] = s
+                max_lengths[r] = min(len(s) + max_extra_len, out_limit)
+            extra = first_extra if short else max_extra_len
+            out, complete = _search(
+                params,
+                inputs,
+                max_lengths,
+                model=model,
+                beam_size=beam_size,
+                alpha=float(alpha),
+                max_decode_len=min(src_len + extra, out_limit),
+                greedy=greedy,
+            )
+            out, complete = np.asarray(out), np.asarray(complete)
+            for r, j in enumerate(chunk):
+                if not complete[r]:
+                    redo.append(indices[j])
+                    continue
+                row = out[r]
+                end = np.flatnonzero(row == EOS_ID)
+                stop = int(end[0]) + 1 if len(end) else int(max_lengths[r])
+                results[indices[j]] = row[:stop]
+        return redo
+
+    redo = run_plan(nonempty, short=True) if two_pass else nonempty
+    _REDECODED[0] += len(redo) if two_pass else 0
+    if run_plan(redo, short=False):
+        raise AssertionError("a full-length decoding buffer cut a search short")  # never
     return results
 
 
@@ -414,6 +445,7 @@ def evaluate_split(
             "beam_size": 1 if greedy else cfg.decode.beam_size,
             "alpha": by_alpha[best]["alpha"],
             "max_extra_len": cfg.decode.max_extra_len,
+            "first_pass_extra_len": cfg.decode.first_pass_extra_len,
             "greedy": greedy,
         },
         split=name,

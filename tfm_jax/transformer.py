@@ -243,8 +243,8 @@ class Transformer(nn.Module):
         """Decoder inputs [b, t] (<bos> y1..; PAD=0) + encoder output -> logits [b, t, vocab].
 
         decode=True runs one position per call with the key/value cache ("cache" collection,
-        created by init() with decode=True and full-length decoder_inputs): decoder_inputs is
-        [b, 1], the next position, counted by the cache.
+        created by `init_cache`): decoder_inputs is [b, 1], the next position, counted by the
+        cache.
         """
         src_valid = inputs != PAD_ID
         if decode:
@@ -269,6 +269,18 @@ class Transformer(nn.Module):
             y = self.decoder_norm(y)
         logits = self.embed.attend(y)  # §3.4 tied pre-softmax projection
         return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+    def init_cache(self, encoded: Array, inputs: Array, max_decode_len: int) -> None:
+        """Creates the decoding cache for outputs of up to max_decode_len tokens.
+
+        Run it as `model.apply({"params": params}, encoded, inputs, max_decode_len,
+        method=Transformer.init_cache, mutable=["cache"])[1]["cache"]` with the real params: the
+        encoder-decoder attention keys/values are projected from `encoded` here, once, and the
+        self-attention caches start empty. Under jit only those projections are computed; the
+        decoder pass that sizes the caches feeds nothing and is removed.
+        """
+        dummy = jnp.full((inputs.shape[0], max_decode_len), BOS_ID, jnp.int32)
+        self.decode(encoded, inputs, dummy, decode=True)
 
     def __call__(
         self,
