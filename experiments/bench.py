@@ -330,6 +330,13 @@ def parse_args(argv: list[str]):
         "an untrained model never stops early and runs every sentence to its maximum length",
     )
     parser.add_argument("--devices", type=int, default=1, help="simulated CPU devices")
+    parser.add_argument(
+        "--cpu_devices",
+        type=int,
+        default=None,
+        help="decode alone: CPU devices decoding batches at once, as `python -m tfm_jax "
+        "evaluate --cpu_devices` (default: the same, one per core up to 4)",
+    )
     args = parser.parse_args(argv)  # fmt: skip
     return args, overrides
 
@@ -337,6 +344,10 @@ def parse_args(argv: list[str]):
 def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
     specs = args.config or list(DEFAULT_CONFIGS)
+    if args.benches == ["decode"]:  # the evaluate/translate CLI's default; the step benches: 1
+        from tfm_jax import inference  # noqa: PLC0415
+
+        inference.use_cpu_devices(args.cpu_devices)
     if "peak" in args.benches:
         emit(bench_peak(args.reps, args.peak_n))
     if "train_step" in args.benches:

@@ -55,6 +55,7 @@ def bench_decode(
         "tokens_per_batch": cfg.decode.tokens_per_batch,
         "max_extra_len": cfg.decode.max_extra_len,
         "alpha": cfg.decode.alpha,
+        "decode_devices": jax.local_device_count(),  # batches decoded at once (translate_ids)
     }
     start_compiles = inference.compile_count()
     start_redecoded = inference.redecode_count()
@@ -86,7 +87,9 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=None, help="default configs/small.py (or the run's)")
     parser.add_argument("--workdir", default=None, help="a trained run; default: random init")
     parser.add_argument("--limit", type=int, default=None, help="first N test sentences")
+    parser.add_argument("--cpu_devices", type=int, default=None, help="as `evaluate`'s")
     args = parser.parse_args(argv)
+    inference.use_cpu_devices(args.cpu_devices)
     spec = args.config or (None if args.workdir else "configs/small.py")
     cfg = build_config(spec, overrides, workdir=args.workdir)
     print(json.dumps(bench_decode(cfg, args.workdir, args.limit)))

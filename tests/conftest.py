@@ -4,7 +4,13 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
+
+# Start JAX now, on one CPU device: the inference CLI's --cpu_devices (default one per core) only
+# applies before JAX starts, so tests that call it in-process keep this count. Tests that need
+# more devices run their own process.
+jax.devices()
 
 from tfm_jax import config as config_lib  # noqa: E402
 

@@ -5,13 +5,15 @@ import functools
 import io
 import json
 import os
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import REPO, tiny_config
 from jax import lax
 
 from tfm_jax import checkpoint, data, decode, inference, train
@@ -244,6 +246,32 @@ def test_translate_cli_round_trip(run, tmp_path, monkeypatch, capsys):
     assert rc == 0
     out = capsys.readouterr().out.split("\n")
     assert len(out) - 1 == len(lines) and out[1] == "" and out[4] == ""
+
+
+def test_translate_on_two_cpu_devices_matches_one(run, tmp_path):
+    """`--cpu_devices=2` (a fresh process: the device count is fixed when JAX starts) spreads
+    the batches over two CPU devices; the translations are those of one device."""
+    cfg, workdir = run
+    texts = [" ".join(s.split()[:k]) for k, s in enumerate(_corpus(24, seed=9)[0] * 2, 1)]
+    src = tmp_path / "in.txt"
+    src.write_text("".join(t + "\n" for t in texts))
+    dst = tmp_path / "out.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    script = (
+        "import sys, jax; from tfm_jax.__main__ import main; rc = main(sys.argv[1:]); "
+        "assert jax.local_device_count() == 2, jax.devices(); sys.exit(rc)"
+    )
+    argv = ["translate", f"--workdir={workdir}", f"--input={src}", f"--output={dst}",
+            "--cpu_devices=2", "--config.decode.tokens_per_batch=32"]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", script, *argv], env=env, capture_output=True,
+                          text=True, cwd=REPO, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = cfg.copy_and_resolve_references()
+    cfg.decode.tokens_per_batch = 32  # several batches, so both devices get some
+    model, params, tokenizer = inference.load_for_inference(workdir, "averaged", cfg)
+    assert jax.local_device_count() == 1
+    expected = inference.translate_texts(cfg, model, params, tokenizer, texts)
+    assert dst.read_text().split("\n")[:-1] == expected
 
 
 def test_cli_errors_are_messages(run, tmp_path, capsys):

@@ -256,6 +256,7 @@ def translate_ids(
     alpha: float | None = None,
     max_extra_len: int | None = None,
     greedy: bool = False,
+    devices: Sequence[jax.Device] | None = None,
 ) -> list[np.ndarray]:
     """Source token ids (without EOS) -> output ids (without BOS, up to and incl. EOS), in order.
 
@@ -263,6 +264,11 @@ def translate_ids(
     output without decoding. Sources longer than the model's limit are truncated with a warning.
     Output length is at most (source length incl. EOS) + max_extra_len (§6.1), and at most
     model.max_len (the position table).
+
+    Batches are dispatched without waiting and spread round-robin over `devices` (default:
+    every local device, each holding a copy of the params), so several devices, or several CPU
+    devices on a multi-core host (JAX_NUM_CPU_DEVICES), decode different batches at once. With
+    model parallelism (mesh.model > 1) each batch runs on the whole mesh instead.
     """
     beam_size = cfg.decode.beam_size if beam_size is None else beam_size
     alpha = cfg.decode.alpha if alpha is None else alpha
@@ -291,10 +297,15 @@ def translate_ids(
     first_extra = cfg.decode.first_pass_extra_len
     two_pass = 0 < first_extra < max_extra_len
 
+    if devices is None:
+        devices = jax.local_devices() if cfg.mesh.model == 1 else [None]
+    placed = [params if d is None else jax.device_put(params, d) for d in devices]
+
     def run_plan(indices: list[int], short: bool) -> list[int]:
         """Decodes seqs[indices]; returns the indices a short buffer cut off."""
-        redo = []
-        for chunk, rows, src_len in plan_batches(cfg, [len(seqs[i]) for i in indices]):
+        pending = []
+        plan = plan_batches(cfg, [len(seqs[i]) for i in indices])
+        for n, (chunk, rows, src_len) in enumerate(plan):
             inputs = np.full((rows, src_len), PAD_ID, np.int32)
             # Dummy rows: all PAD and one output token, so they finish at the first step.
             max_lengths = np.ones(rows, np.int32)
@@ -303,16 +314,22 @@ def translate_ids(
                 inputs[r, : len(s)] = s
                 max_lengths[r] = min(len(s) + max_extra_len, out_limit)
             extra = first_extra if short else max_extra_len
-            out, complete = _search(
-                params,
-                inputs,
-                max_lengths,
+            device = devices[n % len(devices)]
+            args = (inputs, max_lengths)
+            if device is not None:
+                args = jax.device_put(args, device)
+            out = _search(
+                placed[n % len(devices)],
+                *args,
                 model=model,
                 beam_size=beam_size,
                 alpha=float(alpha),
                 max_decode_len=min(src_len + extra, out_limit),
                 greedy=greedy,
-            )
+            )  # dispatched; runs while the next batches are prepared and queued
+            pending.append((chunk, max_lengths, out))
+        redo = []
+        for chunk, max_lengths, (out, complete) in pending:
             out, complete = np.asarray(out), np.asarray(complete)
             for r, j in enumerate(chunk):
                 if not complete[r]:
@@ -482,6 +499,35 @@ def _user_errors():
     )
 
 
+MAX_AUTO_CPU_DEVICES = 4  # each device compiles every batch shape once more
+
+
+def use_cpu_devices(n: int | None) -> int:
+    """Splits a CPU host into n JAX devices, so translate_ids decodes n batches at once.
+
+    XLA:CPU runs one program at a time per device, and a decoding step's many small ops (top-k,
+    cache reorder, attention over a few keys) keep about one core busy; with one device per core
+    the cores decode different batches instead. Measured on the 2-core machine, quickstart
+    model, beam 4: 1.48x the sentences/s of one device, same outputs. None: one device per core,
+    at most MAX_AUTO_CPU_DEVICES; 1 leaves JAX's default. Only the CPU platform is affected (a GPU
+    or TPU host decodes on its accelerators), JAX_NUM_CPU_DEVICES in the environment wins, and
+    it must run before JAX initializes its backends. Returns the CPU device count asked for.
+    """
+    if "JAX_NUM_CPU_DEVICES" in os.environ or "device_count" in os.environ.get("XLA_FLAGS", ""):
+        return 0
+    if n is None:
+        n = min(os.cpu_count() or 1, MAX_AUTO_CPU_DEVICES)
+    if n > 1:
+        try:
+            jax.config.update("jax_num_cpu_devices", n)
+        except RuntimeError:  # JAX already running in this process (e.g. called from a test)
+            logging.info(
+                "JAX backends already initialized; keeping %d device(s)", jax.device_count()
+            )
+            return 0
+    return n
+
+
 def _cli(fn):
     """Prints a user error as one line on stderr (exit 1; config errors 2) instead of a trace."""
 
@@ -489,6 +535,10 @@ def _cli(fn):
     def wrapper(args, overrides: dict[str, str]) -> int:
         from tfm_jax.config import ConfigError
 
+        if args.cpu_devices is not None and args.cpu_devices < 1:
+            print(f"error: --cpu_devices={args.cpu_devices}; give a count >= 1", file=sys.stderr)
+            return 1
+        use_cpu_devices(args.cpu_devices)
         try:
             return fn(args, overrides)
         except ConfigError as e:
@@ -605,6 +655,13 @@ def add_commands(subparsers) -> None:
             "--checkpoint",
             default=None,
             help='"averaged", "latest" or a step (default: averaged if it exists, else latest)',
+        )
+        p.add_argument(
+            "--cpu_devices",
+            type=int,
+            default=None,
+            help="CPU hosts: decode this many batches at once, one per JAX CPU device "
+            f"(default: one per core, at most {MAX_AUTO_CPU_DEVICES}; 1 = one device)",
         )
 
     p = subparsers.add_parser("translate", help="translate lines of text (stdin -> stdout)")
