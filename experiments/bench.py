@@ -45,8 +45,12 @@ def _preparse_devices(argv: list[str]) -> None:
                 os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}"
 
 
-_preparse_devices(sys.argv[1:])
 sys.path.insert(0, REPO)
+if __name__ == "__main__":  # malloc huge pages, as `python -m tfm_jax` (tfm_jax/hostenv.py)
+    from tfm_jax import hostenv  # noqa: E402
+
+    hostenv.reexec_with_malloc_hugepages([os.path.abspath(__file__), *sys.argv[1:]])
+_preparse_devices(sys.argv[1:])
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

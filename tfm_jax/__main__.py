@@ -7,13 +7,19 @@ valid key. Commands that take `--workdir` without `--config` start from the conf
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import os
 import sys
 
-from tfm_jax import config as config_lib
+if __name__ == "__main__":  # before JAX is imported: see hostenv.py
+    from tfm_jax import hostenv
+
+    hostenv.reexec_with_malloc_hugepages(["-m", "tfm_jax", *sys.argv[1:]])
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+
+from tfm_jax import config as config_lib  # noqa: E402
 
 
 def _user_facing_errors() -> tuple[type[BaseException], ...]:
