@@ -268,7 +268,7 @@ def translate_ids(
     Batches are dispatched without waiting and spread round-robin over `devices` (default:
     every local device, each holding a copy of the params), so several devices, or several CPU
     devices on a multi-core host (JAX_NUM_CPU_DEVICES), decode different batches at once. With
-    model parallelism (mesh.model > 1) each batch runs on the whole mesh instead.
+    model parallelism (mesh.model > 1) or several processes each batch runs on the whole mesh.
     """
     beam_size = cfg.decode.beam_size if beam_size is None else beam_size
     alpha = cfg.decode.alpha if alpha is None else alpha
@@ -298,7 +298,10 @@ def translate_ids(
     two_pass = 0 < first_extra < max_extra_len
 
     if devices is None:
-        devices = jax.local_devices() if cfg.mesh.model == 1 else [None]
+        # Model parallelism, or several processes (params span other hosts' devices): every
+        # batch runs as one program on the whole mesh, as the params are laid out.
+        whole_mesh = cfg.mesh.model != 1 or jax.process_count() > 1
+        devices = [None] if whole_mesh else jax.local_devices()
     placed = [params if d is None else jax.device_put(params, d) for d in devices]
 
     def run_plan(indices: list[int], short: bool) -> list[int]:
