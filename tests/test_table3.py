@@ -68,6 +68,7 @@ def test_micro_sweep_two_rows_and_resume(tmp_path):
     md = (tmp_path / "out" / "table3_micro.md").read_text()
     assert "| base |" in md and "paper BLEU" in md
     assert "- D0.0: dropout helps" in md  # the paper's ordering, checked against our numbers
+    assert "of 1 reproduced." in md and "Scale: a few steps" in md
     # rerun: finished rows are read back, not retrained
     stamps = {r: os.path.getmtime(tmp_path / "runs" / r / "result.json") for r in ("base", "D0.0")}
     assert h.main(args) == 0
