@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfm_jax import attention
+from tfm_jax import attention, inference
 from tfm_jax.embeddings import sinusoidal_table
 from tfm_jax.transformer import Transformer, shift_right
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
@@ -150,24 +150,13 @@ def test_packed_rows_equal_separate_rows(model_and_params):
     np.testing.assert_allclose(out[len(t0) : len(t0) + len(t1)], base[1, : len(t1)], atol=1e-5)
 
 
-def init_cache(model, params, encoded, src, max_decode_len):
-    return model.apply(
-        {"params": params},
-        encoded,
-        src,
-        max_decode_len,
-        method=Transformer.init_cache,
-        mutable=["cache"],
-    )[1]["cache"]
-
-
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
 def test_incremental_decoding_equals_full_forward(positional):
     model = small_model(positional=positional)
     params = nn.unbox(model.init(jax.random.PRNGKey(1), SRC, TGT))["params"]
     full = np.asarray(model.apply({"params": params}, SRC, TGT))
     encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    cache = init_cache(model, params, encoded, SRC, max_decode_len=10)
+    cache = inference.init_cache(model, params, encoded, SRC, max_decode_len=10)
     dec_in = shift_right(jnp.asarray(TGT))
     step = jax.jit(
         lambda c, tok: model.apply(

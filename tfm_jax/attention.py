@@ -125,7 +125,8 @@ class MultiHeadAttention(nn.Module):
             def project():  # heads-first [b, h, k, d], the layout the cache keeps
                 return tuple(proj(w, inputs_kv).transpose(0, 2, 1, 3) for w in (w_k, w_v))
 
-            key, value, kv_layout = self._static_kv(project)
+            key, value = self._static_kv(project)
+            kv_layout = "bhkd"
         else:
             key = proj(w_k, inputs_kv)  # [b, k, h, d_k]
             value = proj(w_v, inputs_kv)  # [b, k, h, d_v]
@@ -159,18 +160,16 @@ class MultiHeadAttention(nn.Module):
     def _static_kv(self, project):
         """Keys/values of a fixed memory (the encoder output), projected once per decode.
 
-        They are projected when the cache is created (an `apply(..., mutable=["cache"])` with the
-        real params and encoder output, see Transformer.decode) and only read afterwards, so the
-        decoding loop neither re-projects them nor branches on whether they exist.
+        They are projected when the cache is created (Transformer.init_cache, with the real
+        params and encoder output) and only read afterwards, so the decoding loop neither
+        re-projects them nor branches on whether they exist.
         """
         if not self.has_variable("cache", "static_key"):
             key, value = project()
             self.variable("cache", "static_key", lambda: key)
             self.variable("cache", "static_value", lambda: value)
-            return key, value, "bhkd"
-        key = self.get_variable("cache", "static_key")
-        value = self.get_variable("cache", "static_value")
-        return key, value, "bhkd"
+            return key, value
+        return self.get_variable("cache", "static_key"), self.get_variable("cache", "static_value")
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None):
         """Writes this step's key/value at cache_index and returns the whole cache.

@@ -505,7 +505,7 @@ def _user_errors():
 MAX_AUTO_CPU_DEVICES = 4  # each device compiles every batch shape once more
 
 
-def use_cpu_devices(n: int | None) -> int:
+def use_cpu_devices(n: int | None) -> None:
     """Splits a CPU host into n JAX devices, so translate_ids decodes n batches at once.
 
     XLA:CPU runs one program at a time per device, and a decoding step's many small ops (top-k,
@@ -514,10 +514,10 @@ def use_cpu_devices(n: int | None) -> int:
     model, beam 4: 1.48x the sentences/s of one device, same outputs. None: one device per core,
     at most MAX_AUTO_CPU_DEVICES; 1 leaves JAX's default. Only the CPU platform is affected (a GPU
     or TPU host decodes on its accelerators), JAX_NUM_CPU_DEVICES in the environment wins, and
-    it must run before JAX initializes its backends. Returns the CPU device count asked for.
+    it must run before JAX initializes its backends.
     """
     if "JAX_NUM_CPU_DEVICES" in os.environ or "device_count" in os.environ.get("XLA_FLAGS", ""):
-        return 0
+        return
     if n is None:
         n = min(os.cpu_count() or 1, MAX_AUTO_CPU_DEVICES)
     if n > 1:
@@ -527,8 +527,6 @@ def use_cpu_devices(n: int | None) -> int:
             logging.info(
                 "JAX backends already initialized; keeping %d device(s)", jax.device_count()
             )
-            return 0
-    return n
 
 
 def _cli(fn):
