@@ -24,6 +24,7 @@ it also reports the first step's loss on a 1-device mesh, which must match.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -83,9 +84,13 @@ class Peak:
         self.n = n or default_peak_size()
         self.fns = {}
         key = jax.random.PRNGKey(0)
+        # bf16: bf16 operands, float32 accumulation and result, the product the model's bf16
+        # compute uses (tfm_jax/matmul.py) and the hardware's bf16 rate; a bf16-result dot is
+        # upcast to f32 by XLA:CPU, so it would measure the f32 units.
+        dot = functools.partial(jnp.dot, preferred_element_type=jnp.float32)
         for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16)):
             a = jax.random.normal(key, (self.n, self.n), dtype)
-            f = jax.jit(jnp.dot).lower(a, a).compile()
+            f = jax.jit(dot).lower(a, a).compile()
             jax.block_until_ready(f(a, a))  # warm-up
             self.fns[name] = (f, a)
 

@@ -189,3 +189,32 @@ def test_dk_dv_independent_of_heads():
     assert leaves["encoder_0/self_attention/value"] == (32, 2, 5)
     assert leaves["encoder_0/self_attention/out"] == (2, 5, 32)
     del attn
+
+
+def test_bfloat16_compute_tracks_float32_and_decodes_incrementally():
+    """model.dtype=bfloat16: f32 params, bf16 products with f32 sums (matmul.py), f32 logits."""
+    f32 = small_model()
+    bf16 = small_model(dtype="bfloat16")
+    params = nn.unbox(f32.init(jax.random.PRNGKey(2), SRC, TGT))["params"]
+    full32 = np.asarray(f32.apply({"params": params}, SRC, TGT))
+    full = bf16.apply({"params": params}, SRC, TGT)
+    assert full.dtype == jnp.float32
+    full = np.asarray(full)
+    real = TGT != PAD_ID
+    assert np.abs(full - full32)[real].max() < 0.05 * np.abs(full32[real]).max()
+    # Batch 1 then 2: one-row decoding steps make matrix-vector products (the small-dot path).
+    for rows in (slice(1, 2), slice(0, 2)):
+        src, tgt = SRC[rows], TGT[rows]
+        encoded = bf16.apply({"params": params}, src, method=Transformer.encode)
+        cache = inference.init_cache(bf16, params, encoded, src, max_decode_len=10)
+        dec_in = shift_right(jnp.asarray(tgt))
+        for t in range(tgt.shape[1]):
+            logits, mut = bf16.apply(
+                {"params": params, "cache": cache}, encoded, src, dec_in[:, t : t + 1],
+                decode=True, mutable=["cache"], method=Transformer.decode,
+            )  # fmt: skip
+            cache = mut["cache"]
+            ok = tgt[:, t] != PAD_ID
+            np.testing.assert_allclose(
+                np.asarray(logits)[ok, 0], full[rows][ok, t], atol=0.05 * np.abs(full).max()
+            )

@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from tfm_jax import matmul
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -49,10 +51,9 @@ def dot_product_attention(
     if kv_layout not in ("bkhd", "bhkd"):
         raise ValueError(f"kv_layout must be 'bkhd' or 'bhkd', got {kv_layout!r}")
     d_k = query.shape[-1]
-    scores = jnp.einsum(f"bqhd,{kv_layout}->bhqk", query, key)
-    scores = scores / jnp.sqrt(d_k).astype(query.dtype)
     # The softmax runs in float32 even for bf16 compute: exp() of bf16 scores loses too much.
-    scores = scores.astype(jnp.float32)
+    scores = matmul.einsum(f"bqhd,{kv_layout}->bhqk", query, key, query.dtype, jnp.float32)
+    scores = scores / jnp.sqrt(jnp.float32(d_k))
     if mask is not None:
         # A large finite negative, not -inf: a row with every key masked (an all-pad row) then
         # gets a uniform softmax instead of exp(-inf - -inf) = NaN; we zero it just below.
@@ -63,9 +64,8 @@ def dot_product_attention(
     if not deterministic and dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    weights = weights.astype(value.dtype)
-    out = jnp.einsum(f"bhqk,{kv_layout}->bqhd", weights, value)  # [b, q, h, d_v]
-    return out, weights
+    out = matmul.einsum(f"bhqk,{kv_layout}->bqhd", weights, value, value.dtype)  # [b, q, h, d_v]
+    return out, weights.astype(value.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -109,12 +109,11 @@ class MultiHeadAttention(nn.Module):
             # [d_model, h, features]. Plain params, not nn.DenseGeneral: its flat-then-reshape
             # init breaks 3-D logical partitioning.
             init = nn.with_logical_partitioning(self.kernel_init, ("embed", "heads", "kv"))
-            w = self.param(name, init, (inputs_q.shape[-1], self.num_heads, features),
-                           self.param_dtype)  # fmt: skip
-            return jnp.asarray(w, self.dtype)
+            return self.param(name, init, (inputs_q.shape[-1], self.num_heads, features),
+                              self.param_dtype)  # fmt: skip
 
-        def proj(w: Array, x: Array) -> Array:
-            return jnp.einsum("bld,dhf->blhf", x, w)  # [b, l, d_model] -> [b, l, h, features]
+        def proj(w: Array, x: Array) -> Array:  # [b, l, d_model] -> [b, l, h, features]
+            return matmul.einsum("bld,dhf->blhf", x, w, self.dtype)
 
         w_k, w_v = kernel("key", self.d_k), kernel("value", self.d_v)
         query = proj(kernel("query", self.d_k), inputs_q)  # [b, q, h, d_k]
@@ -152,7 +151,7 @@ class MultiHeadAttention(nn.Module):
         w_out = self.param(
             "out", out_init, (self.num_heads, self.d_v, self.d_model), self.param_dtype
         )
-        return jnp.einsum("bqhf,hfd->bqd", out, jnp.asarray(w_out, self.dtype))  # [b, q, d_model]
+        return matmul.einsum("bqhf,hfd->bqd", out, w_out, self.dtype)  # [b, q, d_model]
 
     # Decoding caches keep keys/values heads-first, [b, h, len, d]: attention then reads them
     # as they are, where the [b, len, h, d] layout cost a transpose of the whole cache per

@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tfm_jax import matmul
+
 Array = jax.Array
 
 
@@ -45,8 +47,12 @@ class SharedEmbedding(nn.Module):
         return emb * jnp.sqrt(jnp.asarray(self.d_model, self.dtype))
 
     def attend(self, x: Array) -> Array:
-        """Pre-softmax projection with the same (unscaled) matrix: [b, l, d] -> [b, l, vocab]."""
-        return jnp.einsum("bld,vd->blv", x, jnp.asarray(self.embedding, self.dtype))
+        """Pre-softmax projection with the same (unscaled) matrix: [b, l, d] -> [b, l, vocab].
+
+        The logits are float32 whatever the compute dtype: the softmax and loss run in float32,
+        and a bf16 round trip of the [b, l, vocab] logits would cost memory traffic and precision.
+        """
+        return matmul.einsum("bld,vd->blv", x, self.embedding, self.dtype, jnp.float32)
 
 
 class PositionalEncoding(nn.Module):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfm_jax import attention
+from tfm_jax import attention, matmul
 from tfm_jax.attention import MultiHeadAttention
 from tfm_jax.embeddings import PositionalEncoding, SharedEmbedding
 from tfm_jax.vocab_ids import BOS_ID, PAD_ID
@@ -16,6 +18,28 @@ Array = jax.Array
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 NORMS = ("post", "pre")
 POSITIONALS = ("sinusoidal", "learned")
+
+
+class Dense(nn.Module):
+    """A d_in -> features affine map, x W + b, in the compute dtype via `matmul.einsum`.
+
+    Same parameters as nn.Dense ("kernel" [d_in, features], "bias" [features]); nn.Dense casts
+    the kernel to bf16 before its product, which gives bf16 x bf16 -> bf16 dots and bf16 weight
+    gradients (see matmul.py).
+    """
+
+    features: int
+    axes: tuple[str, str]  # logical axes of the kernel
+    dtype: jnp.dtype = jnp.float32
+    param_dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        init = nn.with_logical_partitioning(nn.initializers.xavier_uniform(), self.axes)
+        kernel = self.param("kernel", init, (x.shape[-1], self.features), self.param_dtype)
+        bias_init = nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:])
+        bias = self.param("bias", bias_init, (self.features,), self.param_dtype)
+        return matmul.einsum("bld,df->blf", x, kernel, self.dtype) + bias.astype(self.dtype)
 
 
 class FeedForward(nn.Module):
@@ -28,25 +52,10 @@ class FeedForward(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        init = nn.initializers.xavier_uniform()
-        h = nn.Dense(
-            self.d_ff,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.with_logical_partitioning(init, ("embed", "mlp")),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
-            name="wi",
-        )(x)
-        h = nn.relu(h)  # [b, l, d_ff]
+        dense = functools.partial(Dense, dtype=self.dtype, param_dtype=self.param_dtype)
+        h = nn.relu(dense(self.d_ff, ("embed", "mlp"), name="wi")(x))  # [b, l, d_ff]
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-        return nn.Dense(
-            self.d_model,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.with_logical_partitioning(init, ("mlp", "embed")),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-            name="wo",
-        )(h)
+        return dense(self.d_model, ("mlp", "embed"), name="wo")(h)  # [b, l, d_model]
 
 
 class SubLayer(nn.Module):
