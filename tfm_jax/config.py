@@ -59,6 +59,10 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.train = ml_collections.ConfigDict()
     cfg.train.num_steps = 100_000  # §5.2 base: 100K steps
     cfg.train.seed = 0
+    # Dropout masks: "threefry_fused" draws JAX's default threefry bits, fused (fast on CPU;
+    # tfm_jax/prng.py); "threefry" is JAX's own lowering of the same bits; "rbg"/"unsafe_rbg"
+    # are XLA's RngBitGenerator (other bits).
+    cfg.train.dropout_prng = "threefry_fused"
     cfg.train.log_every_steps = 100
     cfg.train.eval_every_steps = 5000
     cfg.train.checkpoint_every_steps = 0  # 0 = only by wall clock
@@ -234,6 +238,11 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     for key in ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "vocab_size"):
         if m[key] < 1:
             raise ConfigError(f"model.{key}={m[key]} must be >= 1")
+    if cfg.train.dropout_prng not in ("threefry_fused", "threefry", "rbg", "unsafe_rbg"):
+        raise ConfigError(
+            f"train.dropout_prng={cfg.train.dropout_prng!r}: use 'threefry_fused' (default), "
+            "'threefry', 'rbg' or 'unsafe_rbg'"
+        )
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
     if not 0.0 <= cfg.loss.label_smoothing < 1.0:

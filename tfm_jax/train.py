@@ -15,7 +15,7 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from tfm_jax import losses, optim, sharding
+from tfm_jax import losses, optim, prng, sharding
 from tfm_jax.transformer import Transformer
 
 Batch = dict[str, jax.Array]
@@ -70,9 +70,17 @@ def train_step(
     tx: optax.GradientTransformation,
     label_smoothing: float,
     nan_at_step: int | None = None,
+    dropout_prng: str = "threefry",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on one batch: mean smoothed loss over the batch's target tokens."""
     dropout_rng = jax.random.fold_in(state.rng, state.step)
+    if dropout_prng == "threefry_fused":  # same key, same bits as threefry; see prng.py
+        dropout_rng = jax.random.wrap_key_data(dropout_rng, impl=prng.THREEFRY_FUSED)
+    elif dropout_prng != "threefry":
+        # A typed key of another generator, seeded from the (threefry) state key: the train
+        # state and checkpoints keep one key format whatever generator draws the masks.
+        seed = jax.random.bits(dropout_rng, (4,), jnp.uint32)
+        dropout_rng = jax.random.wrap_key_data(seed, impl=prng.DROPOUT_PRNGS[dropout_prng])
 
     def loss_fn(params):
         logits = model_forward(
@@ -173,6 +181,7 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
         tx=tx,
         label_smoothing=cfg.loss.label_smoothing,
         nan_at_step=cfg.train.nan_at_step,
+        dropout_prng=cfg.train.dropout_prng,
     )
     train_step_fn = jax.jit(
         step,
