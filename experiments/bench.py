@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -47,10 +48,10 @@ def _preparse_devices(argv: list[str]) -> None:
 
 
 sys.path.insert(0, REPO)
-if __name__ == "__main__":  # malloc huge pages, as `python -m tfm_jax` (tfm_jax/hostenv.py)
+if __name__ == "__main__":  # malloc tunables, as `python -m tfm_jax` (tfm_jax/hostenv.py)
     from tfm_jax import hostenv  # noqa: E402
 
-    hostenv.reexec_with_malloc_hugepages([os.path.abspath(__file__), *sys.argv[1:]])
+    hostenv.reexec_with_malloc_tunables([os.path.abspath(__file__), *sys.argv[1:]])
 _preparse_devices(sys.argv[1:])
 
 import jax  # noqa: E402
@@ -184,16 +185,25 @@ class StepCase:
         self.peak_mem = int(self.compiled.memory_analysis().peak_memory_in_bytes)
         self.times: list[float] = []
         self.mfus: list[float] = []
+        self.sys_s: list[float] = []
+        self.user_s: list[float] = []
+        self.page_faults: list[int] = []
         self.peaks: list[float] = []
         # Simulated CPU devices share the host's cores, whose peak the Peak matmul already measures.
         self.chips = jax.device_count() if jax.default_backend() != "cpu" else 1
         self.first_loss = None
 
     def run(self) -> float:
+        faults, cpu = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, os.times()
         start = time.perf_counter()
         self.state, metrics = self.compiled(self.state, self.batch)
         jax.block_until_ready(metrics)
         elapsed = time.perf_counter() - start
+        # Kernel time and page faults: on CPU they show when the allocator, not the math, is slow.
+        end = os.times()
+        self.sys_s.append(end.system - cpu.system)
+        self.user_s.append(end.user - cpu.user)
+        self.page_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
         if self.first_loss is None:
             self.first_loss = float(metrics["loss"]) / float(metrics["tokens"])
         return elapsed
@@ -217,6 +227,11 @@ class StepCase:
             "step_s_all": [round(t, 4) for t in self.times],
             "compile_s": self.compile_s,
             "peak_mem_bytes": self.peak_mem,
+            # medians over every run, warm-up included: CPU seconds in the kernel and in user
+            # code (user / step_s ~ cores busy), and minor page faults
+            "sys_s": _median(self.sys_s),
+            "user_s": _median(self.user_s),
+            "page_faults": int(_median(self.page_faults)),
             "model_flops": self.flops,
             "matmul_flops_analytic": matmul_flops(m, batch, src_len, tgt_len),
             "achieved_flops": self.flops / step_s,
@@ -323,7 +338,7 @@ def parse_args(argv: list[str]):
     parser.add_argument("--batch", type=int, default=128, help="rows of the synthetic batch")
     parser.add_argument("--length", type=int, default=32, help="source = target length")
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed runs per variant")
     parser.add_argument("--peak_n", type=int, default=None, help="peak matmul size")
     parser.add_argument(
         "--variant",

@@ -1,4 +1,4 @@
-"""hostenv: the malloc huge-page tunable is added once, kept with other tunables, and optional."""
+"""hostenv: the malloc tunables are added once, beside (never over) the user's, and optional."""
 
 import os
 import subprocess
@@ -14,14 +14,19 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_malloc_env_adds_the_tunable_once():
-    assert hostenv.malloc_env({})["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    env = hostenv.malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "A": "b"})
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+def test_malloc_env_adds_the_tunables_once():
+    ours = ":".join(hostenv.TUNABLES)
+    assert hostenv.malloc_env({})["GLIBC_TUNABLES"] == ours
+    assert "glibc.malloc.hugetlb=1" in ours and "glibc.malloc.mmap_max=0" in ours
+    env = hostenv.malloc_env({"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0", "A": "b"})
+    assert env["GLIBC_TUNABLES"] == "glibc.rtld.optional_static_tls=0:" + ours
     assert env["A"] == "b"
     assert hostenv.malloc_env(env) is None  # already there: no second re-exec
-    assert hostenv.malloc_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) is None  # user's
-    assert hostenv.malloc_env({"TFM_JAX_MALLOC_HUGEPAGES": "0"}) is None
+    # A tunable the user set keeps the user's value; only the others are added.
+    env = hostenv.malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
+    tunables = env["GLIBC_TUNABLES"].split(":")
+    assert tunables[0] == "glibc.malloc.arena_max=4" and len(tunables) == len(hostenv.TUNABLES)
+    assert hostenv.malloc_env({"TFM_JAX_MALLOC_TUNABLES": "0"}) is None
 
 
 def test_reexec_runs_the_new_process_with_the_tunable():
@@ -29,14 +34,14 @@ def test_reexec_runs_the_new_process_with_the_tunable():
     child = "import os; print(os.environ['GLIBC_TUNABLES'])"
     code = (
         "from tfm_jax import hostenv; "
-        f"hostenv.reexec_with_malloc_hugepages(['-c', {child!r}]); print('not re-executed')"
+        f"hostenv.reexec_with_malloc_tunables(['-c', {child!r}]); print('not re-executed')"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
     )
-    assert out.stdout == "glibc.malloc.hugetlb=1\n", (out.stdout, out.stderr[-500:])
+    assert out.stdout == ":".join(hostenv.TUNABLES) + "\n", (out.stdout, out.stderr[-500:])
     # With the tunable already set (a child of a re-executed process) nothing happens.
-    env["GLIBC_TUNABLES"] = hostenv.TUNABLE
+    env["GLIBC_TUNABLES"] = ":".join(hostenv.TUNABLES)
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
     )

@@ -12,7 +12,7 @@ import sys
 if __name__ == "__main__":  # before JAX is imported: see hostenv.py
     from tfm_jax import hostenv
 
-    hostenv.reexec_with_malloc_hugepages(["-m", "tfm_jax", *sys.argv[1:]])
+    hostenv.reexec_with_malloc_tunables(["-m", "tfm_jax", *sys.argv[1:]])
 
 import argparse  # noqa: E402
 import json  # noqa: E402
