@@ -182,7 +182,16 @@ class StepCase:
         cost = cost[0] if isinstance(cost, list) else cost
         # cost_analysis() is per device (the SPMD-partitioned program); the step does that on each
         self.flops = float(cost["flops"]) * len(self.trainer.mesh.devices.flat)
-        self.peak_mem = int(self.compiled.memory_analysis().peak_memory_in_bytes)
+        mem = self.compiled.memory_analysis()
+        # XLA:CPU's peak_memory_in_bytes leaves out the temporaries (activations kept for the
+        # backward pass, the logits): the step holds its arguments (donated, so aliased to the
+        # outputs), what is not aliased of its outputs, and the temp block all at once.
+        self.temp_mem = int(mem.temp_size_in_bytes)
+        self.peak_mem = max(
+            int(mem.peak_memory_in_bytes),
+            int(mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+            + self.temp_mem,
+        )
         self.times: list[float] = []
         self.mfus: list[float] = []
         self.sys_s: list[float] = []
@@ -227,6 +236,7 @@ class StepCase:
             "step_s_all": [round(t, 4) for t in self.times],
             "compile_s": self.compile_s,
             "peak_mem_bytes": self.peak_mem,
+            "temp_mem_bytes": self.temp_mem,
             # medians over every run, warm-up included: CPU seconds in the kernel and in user
             # code (user / step_s ~ cores busy), and minor page faults
             "sys_s": _median(self.sys_s),
