@@ -43,8 +43,12 @@ def run(mesh, cfg, steps=3):
 def main():
     assert jax.device_count() == 8, jax.devices()
     results = {}
-    for model_axis in (1, 2):
-        cfg = tiny_config(**{"model.dropout": 0.1})
+    for name, model_axis, dtype in (
+        ("model1", 1, "float32"),
+        ("model2", 2, "float32"),
+        ("bf16_model2", 2, "bfloat16"),
+    ):
+        cfg = tiny_config(**{"model.dropout": 0.1, "model.dtype": dtype})
         one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
         eight = sharding.make_mesh(8 // model_axis, model_axis)
         l1, p1, _ = run(one, cfg)
@@ -57,7 +61,7 @@ def main():
             float(np.max(np.abs(a - b) - (1e-5 + 1e-5 * np.abs(a))))
             for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8), strict=False)
         )
-        results[f"model{model_axis}"] = {
+        results[name] = {
             "loss_1": l1,
             "loss_8": l8,
             "param_allclose_excess": excess,

@@ -23,10 +23,14 @@ def test_eight_devices_match_one_device():
     )
     assert out.returncode == 0, out.stderr[-3000:]
     results = json.loads(out.stdout.strip().splitlines()[-1])
-    for name, r in results.items():  # data-parallel 8x1 and data x model 4x2
+    assert set(results) == {"model1", "model2", "bf16_model2"}
+    for name, r in results.items():  # data-parallel 8x1 and data x model 4x2 (f32 and bf16)
+        assert r["cache_size"] == 1, f"{name}: the step compiled {r['cache_size']} times"
+        if name.startswith("bf16"):  # bf16 rounding of differently ordered f32 sums
+            np.testing.assert_allclose(r["loss_8"], r["loss_1"], rtol=1e-2, err_msg=name)
+            continue
         np.testing.assert_allclose(r["loss_8"], r["loss_1"], rtol=1e-5, err_msg=name)
         assert r["param_allclose_excess"] <= 0, (name, r)  # params allclose(rtol=1e-5, atol=1e-5)
-        assert r["cache_size"] == 1, f"{name}: the step compiled {r['cache_size']} times"
 
 
 def fixed_batch():
