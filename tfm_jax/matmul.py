@@ -8,7 +8,7 @@ with an f32 result multiplies the f32 cotangent by the other operand upcast to f
 backward pass (2/3 of the FLOPs) runs as f32 matmuls. On CPUs with AVX512-BF16 (and on GPUs and
 TPUs) bf16 x bf16 -> f32 is the fast path; a bf16 x bf16 -> bf16 dot is not: XLA:CPU upcasts it
 to f32 (measured on a Zen 4 core: 385 GFLOP/s for bf16 -> f32 against 175 for bf16 -> bf16 and
-195 for f32).
+195 for f32). A CPU without AVX512-BF16 has no such units: there bf16 saves memory, not time.
 
 Gradients for float32 operands (the f32 master weights) are returned in float32, accumulated
 in float32: the cast to bf16 happens inside the product, so the weight gradient is never
