@@ -90,3 +90,19 @@ DROPOUT_PRNGS = {
     "rbg": "rbg",
     "unsafe_rbg": "unsafe_rbg",
 }
+
+
+def dropout_key(key: jax.Array, name: str) -> jax.Array:
+    """The key a step's dropout masks are drawn with, from the raw threefry key of the step.
+
+    The train state and checkpoints keep one key format (raw uint32[2] threefry) whatever
+    generator `train.dropout_prng=name` picks: "threefry" uses the key as it is,
+    "threefry_fused" reads the same key data (so the same bits), and the rbg generators are
+    seeded from it.
+    """
+    if name == "threefry":
+        return key
+    if name == "threefry_fused":
+        return jax.random.wrap_key_data(key, impl=THREEFRY_FUSED)
+    seed = jax.random.bits(key, (4,), jnp.uint32)
+    return jax.random.wrap_key_data(seed, impl=DROPOUT_PRNGS[name])

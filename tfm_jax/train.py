@@ -69,18 +69,11 @@ def train_step(
     model: Transformer,
     tx: optax.GradientTransformation,
     label_smoothing: float,
+    dropout_prng: str,
     nan_at_step: int | None = None,
-    dropout_prng: str = "threefry",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on one batch: mean smoothed loss over the batch's target tokens."""
-    dropout_rng = jax.random.fold_in(state.rng, state.step)
-    if dropout_prng == "threefry_fused":  # same key, same bits as threefry; see prng.py
-        dropout_rng = jax.random.wrap_key_data(dropout_rng, impl=prng.THREEFRY_FUSED)
-    elif dropout_prng != "threefry":
-        # A typed key of another generator, seeded from the (threefry) state key: the train
-        # state and checkpoints keep one key format whatever generator draws the masks.
-        seed = jax.random.bits(dropout_rng, (4,), jnp.uint32)
-        dropout_rng = jax.random.wrap_key_data(seed, impl=prng.DROPOUT_PRNGS[dropout_prng])
+    dropout_rng = prng.dropout_key(jax.random.fold_in(state.rng, state.step), dropout_prng)
 
     def loss_fn(params):
         logits = model_forward(
