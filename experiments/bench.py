@@ -58,7 +58,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfm_jax import sharding, train  # noqa: E402
+from tfm_jax import paths, sharding, train  # noqa: E402
 from tfm_jax.__main__ import build_config, split_overrides  # noqa: E402
 
 
@@ -372,6 +372,7 @@ def parse_args(argv: list[str]):
         "evaluate --cpu_devices` (default: the same, one per core up to 4)",
     )
     args = parser.parse_args(argv)  # fmt: skip
+    paths.resolve_args(args)
     return args, overrides
 
 

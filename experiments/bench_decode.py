@@ -19,7 +19,7 @@ import time
 import jax
 import ml_collections
 
-from tfm_jax import data, inference, train
+from tfm_jax import data, inference, paths, train
 
 
 def _timed(fn):
@@ -89,6 +89,7 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N test sentences")
     parser.add_argument("--cpu_devices", type=int, default=None, help="as `evaluate`'s")
     args = parser.parse_args(argv)
+    paths.resolve_args(args)
     inference.use_cpu_devices(args.cpu_devices)
     spec = args.config or (None if args.workdir else "configs/small.py")
     cfg = build_config(spec, overrides, workdir=args.workdir)

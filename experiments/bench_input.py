@@ -12,7 +12,7 @@ import time
 
 import ml_collections
 
-from tfm_jax import data
+from tfm_jax import data, paths
 from tfm_jax.data.batching import timed_epoch
 
 
@@ -55,7 +55,7 @@ def main():
     parser.add_argument("--batch_multiple", type=int, default=1)
     args = parser.parse_args()
     cfg = ml_collections.ConfigDict({"data": data.default_data_config()})
-    cfg.data.dir = args.dir
+    cfg.data.dir = paths.resolve(args.dir)
     cfg.data.tokens_per_batch = args.tokens_per_batch
     cfg.data.vocab_size = args.vocab_size
     cfg.data.packing = args.packing

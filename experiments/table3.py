@@ -33,6 +33,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from tfm_jax import paths  # noqa: E402
 from tfm_jax.config import TABLE3, table3_config  # noqa: E402
 
 SMALL_STEP_DIVISOR = 250  # 100K paper steps -> 400 steps
@@ -290,12 +291,12 @@ def write_table(preset: str, results: list[dict], out_dir: str, command: str) ->
               f"{held} of {tested} reproduced.", "", *found]  # fmt: skip
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
-    paths = [stem + ".md", stem + ".csv"]
+    written = [stem + ".md", stem + ".csv"]
     try:
-        paths.append(plot_chart(results, stem + ".png"))
+        written.append(plot_chart(results, stem + ".png"))
     except ImportError:
         pass
-    return paths
+    return written
 
 
 def plot_chart(results: list[dict], path: str) -> str:
@@ -339,6 +340,7 @@ def main(argv=None) -> int:
     p.add_argument("--data_dir", default=None, help="small/micro: the parallel-text folder")
     p.add_argument("--print_commands", action="store_true", help="print, don't run")
     args = p.parse_args(argv)
+    paths.resolve_args(args, ("root", "out", "data_dir"))  # the runs are started from the repo
     rows = list(TABLE3) if args.rows == "all" else args.rows.split(",")
     unknown = [r for r in rows if r not in TABLE3]
     if unknown:
@@ -363,8 +365,8 @@ def main(argv=None) -> int:
             flush=True,
         )
         command = "python experiments/table3.py " + " ".join(argv or sys.argv[1:])
-        paths = write_table(args.preset, results, args.out, command)
-    print(json.dumps({"tables": paths}))
+        tables = write_table(args.preset, results, args.out, command)
+    print(json.dumps({"tables": tables}))
     return 0
 
 

@@ -34,7 +34,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from tfm_jax import checkpoint, data, decode, evaluate, losses, train
+from tfm_jax import checkpoint, data, decode, evaluate, losses, paths, train
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
@@ -700,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tfm_jax.inference")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
+    paths.resolve_args(args)
     return args.fn(args, overrides)
 
 

@@ -1,0 +1,75 @@
+"""Paths the user types, resolved once at each entry point: local paths absolute, URLs as given.
+
+Orbax (through TensorStore's OCDBT driver) refuses relative checkpoint paths, and a relative data
+or vocabulary path in a saved config means something else when `evaluate` runs from another
+directory. So every command resolves its path arguments and the config's path keys here, before
+anything else reads them, and the saved config keeps both what was typed and what it became
+(`cfg.paths`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# Config keys that hold a local path or a URL. `paths.typed.<key with _ for .>` records the text
+# the user gave, `paths.cwd` the directory it was resolved against.
+CONFIG_PATH_KEYS = ("data.dir", "data.vocab_path", "data.tfds_data_dir")
+
+
+def is_url(path: str) -> bool:
+    """`gs://bucket/x`, `s3://...`, `file:///...`: left as they are (epath and TensorStore)."""
+    return "://" in path
+
+
+def resolve(path: str | os.PathLike | None) -> str | None:
+    """An absolute local path (`~` expanded) or the URL unchanged; None and "" stay as they are."""
+    if path is None:
+        return None
+    path = os.fspath(path)
+    if not path or is_url(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _typed_key(dotted: str) -> str:
+    return dotted.replace(".", "_")
+
+
+def resolve_config_paths(cfg: Any, workdir: str | None = None) -> Any:
+    """Makes `CONFIG_PATH_KEYS` absolute in place and records what was typed in `cfg.paths`.
+
+    A path that is already absolute (a saved run's config, read back) is left alone and its
+    earlier record kept, so resolving twice changes nothing. `workdir` (as typed) is recorded
+    with the config of a run being trained.
+    """
+    changed = False
+    for dotted in CONFIG_PATH_KEYS:
+        section, key = dotted.split(".")
+        typed = cfg[section][key]
+        resolved = resolve(typed)
+        if resolved != typed:
+            cfg[section][key] = resolved
+            cfg.paths.typed[_typed_key(dotted)] = typed
+            changed = True
+    if workdir is not None:
+        cfg.paths.typed.workdir = os.fspath(workdir)
+        cfg.paths.workdir = resolve(workdir)
+        changed = True
+    if changed:
+        cfg.paths.cwd = os.getcwd()
+    return cfg
+
+
+def resolve_args(args: Any, names: tuple[str, ...] = ("workdir", "out", "input", "output")) -> Any:
+    """Resolves the path arguments of an argparse namespace in place (those it has and are set).
+
+    The text the user typed for `--workdir` stays available as `args.workdir_typed`.
+    """
+    for name in names:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value:
+            if name == "workdir":
+                args.workdir_typed = value
+            setattr(args, name, resolve(value))
+    return args
