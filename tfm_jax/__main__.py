@@ -20,6 +20,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 
 from tfm_jax import config as config_lib  # noqa: E402
+from tfm_jax import paths  # noqa: E402
 
 
 def _user_facing_errors() -> tuple[type[BaseException], ...]:
@@ -68,6 +69,7 @@ def build_config(spec: str | None, overrides: dict[str, str], workdir: str | Non
         raise config_lib.ConfigError("give --config=configs/<file>.py (or --workdir of a run)")
     for key, text in overrides.items():
         config_lib.apply_overrides(cfg, {key: config_lib.parse_override_value(cfg, key, text)})
+    paths.resolve_config_paths(cfg)
     cfg.lock()
     config_lib.validate(cfg)
     return cfg
@@ -106,8 +108,20 @@ def cmd_train(args, overrides) -> int:
         args.coordinator_address, args.num_processes, args.process_id
     )
     cfg = build_config(args.config, overrides)
+    paths.resolve_config_paths(cfg, workdir=args.workdir_typed)
     metrics = loop.train_and_evaluate(cfg, args.workdir)
     print(json.dumps({"workdir": args.workdir, **metrics}))
+    if metrics.get("stopped_by"):
+        from tfm_jax import preemption
+
+        print(
+            f"{metrics['stopped_by']}: stopped at step {metrics['step']} of "
+            f"{cfg.train.num_steps} with checkpoint {metrics['step']} saved in {args.workdir}; "
+            "run the same command to resume",
+            file=sys.stderr,
+            flush=True,
+        )
+        return preemption.EXIT_CODES[getattr(preemption.signal, metrics["stopped_by"])]
     return 0
 
 
@@ -142,6 +156,8 @@ def _setup_logging() -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+    # Orbax warns each time a checkpoint folder is opened for reading (as `average` does).
+    logging.getLogger("absl").addFilter(lambda record: "read only" not in record.getMessage())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         inference.add_commands(sub)
 
         args = parser.parse_args(argv)
+        paths.resolve_args(args)  # once, here: every command below sees absolute local paths
         return args.fn(args, overrides)
     except config_lib.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)

@@ -38,6 +38,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from tfm_jax import paths
+
 PyTree = Any
 ConfigJson = str | Mapping[str, Any]
 
@@ -71,11 +73,12 @@ class AveragedCheckpoint(NamedTuple):
 
 
 def _checkpoints_dir(workdir: str | epath.Path) -> epath.Path:
-    return epath.Path(workdir) / CHECKPOINTS_DIR
+    # Orbax refuses relative paths; the CLI resolves them, library callers may not have.
+    return epath.Path(paths.resolve(str(workdir))) / CHECKPOINTS_DIR
 
 
 def _averaged_dir(workdir: str | epath.Path) -> epath.Path:
-    return epath.Path(workdir) / AVERAGED_DIR
+    return epath.Path(paths.resolve(str(workdir))) / AVERAGED_DIR
 
 
 def _config_to_json_obj(config_json: ConfigJson) -> Any:
@@ -175,7 +178,7 @@ def _read_only_manager(workdir: str | epath.Path) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(
         _checkpoints_dir(workdir),
         item_names=(_STATE, _DATA, _CONFIG),
-        options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+        options=ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0),
     )
 
 
@@ -184,6 +187,12 @@ def _existing_steps(workdir: str | epath.Path) -> list[int]:
         return []
     with _read_only_manager(workdir) as mngr:
         return sorted(mngr.all_steps())
+
+
+def latest_step_on_disk(workdir: str | epath.Path) -> int | None:
+    """The newest step Orbax lists in the workdir, complete or not (None if there is none)."""
+    steps = _existing_steps(workdir)
+    return steps[-1] if steps else None
 
 
 def _restore_params_from_step(
@@ -310,6 +319,14 @@ class Checkpointer:
                 by_time = bool(multihost_utils.broadcast_one_to_all(np.asarray(by_time)))
         return by_steps or by_time
 
+    def reached_preemption(self, step: int) -> bool:
+        """True at the step every host agreed to save at after one of them got SIGTERM.
+
+        Multi-host only: JAX's preemption service (started by jax.distributed.initialize)
+        catches SIGTERM on any host and picks a step all hosts reach; Orbax asks it here.
+        """
+        return jax.process_count() > 1 and bool(self._mngr.reached_preemption(step))
+
     # -- saving
 
     def maybe_save(
@@ -421,7 +438,8 @@ class Checkpointer:
             raise CheckpointRestoreError(
                 f"No checkpoint in {self.directory} could be restored ({details}). If the "
                 "model or optimizer config changed, restore with the original config; if the "
-                "checkpoints are damaged, move them aside to start from scratch."
+                f"checkpoints are damaged, move them aside (`mv {self.directory} "
+                f"{self.directory}.damaged`) and rerun to start from scratch."
             )
         return None
 

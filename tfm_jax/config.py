@@ -96,6 +96,17 @@ def default_config() -> ml_collections.ConfigDict:
         ("kv", None),
         ("length", None),
     )
+
+    # Filled in by the entry points (tfm_jax/paths.py), not by users: local paths in the config
+    # are made absolute once, and the run records what was typed and where it was started from.
+    cfg.paths = ml_collections.ConfigDict()
+    cfg.paths.cwd = config_dict.placeholder(str)  # the directory relative paths were resolved in
+    cfg.paths.workdir = config_dict.placeholder(str)  # the run's workdir, absolute
+    cfg.paths.typed = ml_collections.ConfigDict()  # as typed, where it differed from the value
+    cfg.paths.typed.workdir = config_dict.placeholder(str)
+    cfg.paths.typed.data_dir = config_dict.placeholder(str)
+    cfg.paths.typed.data_vocab_path = config_dict.placeholder(str)
+    cfg.paths.typed.data_tfds_data_dir = config_dict.placeholder(str)
     return cfg
 
 
@@ -226,8 +237,123 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     return module.get_config(arg) if arg else module.get_config()
 
 
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """The values a numeric config key allows: lo <= x (or lo < x), x <= hi (or x < hi)."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    also: tuple = ()  # special values allowed outside the range (mesh.data=-1, None for "unset")
+    what: str = ""
+
+    def contains(self, x) -> bool:
+        if x in self.also:
+            return True
+        if x is None:
+            return False
+        if self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo):
+            return False
+        return not (self.hi is not None and (x >= self.hi if self.hi_open else x > self.hi))
+
+    def describe(self) -> str:
+        lo = None if self.lo is None else ("(" if self.lo_open else "[") + f"{self.lo:g}"
+        hi = None if self.hi is None else f"{self.hi:g}" + (")" if self.hi_open else "]")
+        if lo and hi:
+            text = f"in {lo}, {hi}"
+        elif lo:
+            text = (">" if self.lo_open else ">=") + f" {self.lo:g}"
+        else:
+            text = ("<" if self.hi_open else "<=") + f" {self.hi:g}"
+        for v in self.also:
+            text += f" (or {v})"
+        return text
+
+
+_POSITIVE = Range(lo=1)
+_PROBABILITY = Range(lo=0.0, hi=1.0, hi_open=True)
+
+# Every numeric key of default_config() and its allowed values (tests/test_config.py checks that a
+# new numeric key cannot be added without a range). Checked once, by `validate`.
+RANGES: dict[str, Range] = {
+    "model.vocab_size": Range(lo=5, what="4 special ids + at least one piece"),
+    "model.num_layers": _POSITIVE,
+    "model.d_model": _POSITIVE,
+    "model.d_ff": _POSITIVE,
+    "model.num_heads": _POSITIVE,
+    "model.d_k": _POSITIVE,
+    "model.d_v": _POSITIVE,
+    "model.dropout": _PROBABILITY,
+    "model.attention_dropout": _PROBABILITY,
+    "model.max_len": Range(lo=2),
+    "optim.d_model": _POSITIVE,
+    "optim.warmup_steps": _POSITIVE,
+    "optim.lr_factor": Range(lo=0.0, lo_open=True),
+    "optim.b1": _PROBABILITY,
+    "optim.b2": _PROBABILITY,
+    "optim.eps": Range(lo=0.0, lo_open=True),
+    "optim.grad_clip_norm": Range(lo=0.0, what="0 = no clipping"),
+    "optim.accumulate_steps": _POSITIVE,
+    "loss.label_smoothing": _PROBABILITY,
+    "data.vocab_size": Range(lo=5),
+    "data.vocab_sample_sentences": _POSITIVE,
+    "data.vocab_character_coverage": Range(lo=0.0, hi=1.0, lo_open=True),
+    "data.tokens_per_batch": _POSITIVE,
+    "data.max_len": Range(lo=2),
+    "data.num_buckets": _POSITIVE,
+    "data.length_multiple": _POSITIVE,
+    "data.packed_length": Range(lo=2),
+    "data.num_workers": _POSITIVE,
+    "train.num_steps": _POSITIVE,
+    "train.seed": Range(lo=0, hi=2**32 - 1),
+    "train.log_every_steps": _POSITIVE,
+    "train.eval_every_steps": _POSITIVE,
+    "train.checkpoint_every_steps": Range(lo=0, what="0 = by wall clock only"),
+    "train.checkpoint_every_secs": Range(lo=0.0, what="0 = by step count only"),
+    "train.keep_checkpoints": _POSITIVE,
+    "train.average_last": _POSITIVE,
+    "train.nan_at_step": Range(lo=1, also=(None,)),
+    "decode.beam_size": _POSITIVE,
+    "decode.alpha": Range(lo=0.0, what="0 = no length penalty"),
+    "decode.max_extra_len": Range(lo=0),
+    "decode.tokens_per_batch": _POSITIVE,
+    "decode.first_pass_extra_len": Range(lo=0, what="0 = one full-length pass"),
+    "mesh.data": Range(lo=1, also=(-1,), what="-1 = every device mesh.model leaves"),
+    "mesh.model": _POSITIVE,
+}
+
+
+def numeric_keys(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict[str, object]:
+    """Every int/float leaf (not bools; unset int/float placeholders too) by dotted key."""
+    out = {}
+    for key in cfg.keys():
+        value = cfg[key]
+        if isinstance(value, ml_collections.ConfigDict):
+            out.update(numeric_keys(value, f"{prefix}{key}."))
+        elif cfg.get_type(key) in (int, float):
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _check_ranges(cfg: ml_collections.ConfigDict) -> None:
+    values = numeric_keys(cfg)
+    for key, allowed in RANGES.items():
+        if key not in values:
+            continue  # a config without that section (a test's partial config)
+        value = values[key]
+        if not allowed.contains(value):
+            why = f" ({allowed.what})" if allowed.what else ""
+            raise ConfigError(
+                f"config key {key}={value!r} is out of range: it must be "
+                f"{allowed.describe()}{why}. Set --config.{key}=VALUE (or fix it in the "
+                "config file)."
+            )
+
+
 def validate(cfg: ml_collections.ConfigDict) -> None:
     """Early, readable checks of values that would otherwise fail deep inside a jit trace."""
+    _check_ranges(cfg)
     m = cfg.model
     if m.positional not in ("sinusoidal", "learned"):
         raise ConfigError(f"model.positional={m.positional!r}: use 'sinusoidal' or 'learned'")
@@ -235,18 +361,11 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.norm={m.norm!r}: use 'post' (the paper) or 'pre'")
     if m.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype={m.dtype!r}: use 'float32' or 'bfloat16'")
-    for key in ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "vocab_size"):
-        if m[key] < 1:
-            raise ConfigError(f"model.{key}={m[key]} must be >= 1")
     if cfg.train.dropout_prng not in ("threefry_fused", "threefry", "rbg", "unsafe_rbg"):
         raise ConfigError(
             f"train.dropout_prng={cfg.train.dropout_prng!r}: use 'threefry_fused' (default), "
             "'threefry', 'rbg' or 'unsafe_rbg'"
         )
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
-    if not 0.0 <= cfg.loss.label_smoothing < 1.0:
-        raise ConfigError(f"loss.label_smoothing={cfg.loss.label_smoothing} must be in [0, 1)")
     if cfg.data.max_len > m.max_len:
         raise ConfigError(
             f"data.max_len={cfg.data.max_len} exceeds model.max_len={m.max_len} (the position "

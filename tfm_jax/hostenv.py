@@ -73,3 +73,21 @@ def reexec_with_malloc_tunables(argv: list[str]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, *argv], env)
+
+
+def resident_bytes() -> tuple[int, int]:
+    """(current, peak) resident memory of this process in bytes; current is 0 where unknown.
+
+    Logged with training progress: with the malloc tunables above the process keeps its
+    high-water mark, so the peak is what a host must have.
+    """
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak *= 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+    try:
+        with open("/proc/self/statm") as f:
+            current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        current = 0
+    return current, peak

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from tfm_jax import checkpoint, data, losses, optim, sharding
+from tfm_jax import checkpoint, data, hostenv, losses, optim, preemption, resume, sharding
 from tfm_jax.train import Trainer, TrainState, make_trainer
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,21 @@ def pin_vocabulary(cfg: ml_collections.ConfigDict, tokenizer: data.Tokenizer):
 
 
 def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
-    """Vocabulary, mesh, model, data iterators and the (restored or fresh) train state."""
+    """Vocabulary, mesh, model, data iterators and the (restored or fresh) train state.
+
+    A workdir that already has checkpoints is first checked against `cfg` (resume.py): keys that
+    change the saved shapes are an error before anything is restored.
+    """
     os.makedirs(workdir, exist_ok=True)
+    resume.check_resume_config(cfg, workdir)
+    if cfg.train.keep_checkpoints < cfg.train.average_last:
+        log.warning(
+            "train.keep_checkpoints=%d < train.average_last=%d: `average` will find only %d "
+            "checkpoints (pass it --last, or keep more)",
+            cfg.train.keep_checkpoints,
+            cfg.train.average_last,
+            cfg.train.keep_checkpoints,
+        )
     tokenizer = data.get_tokenizer(cfg.data, workdir)
     cfg = pin_vocabulary(cfg, tokenizer)
     trainer = make_trainer(cfg)
@@ -80,7 +93,11 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
         every_secs=cfg.train.checkpoint_every_secs,
         keep=cfg.train.keep_checkpoints,
     )
-    restored = ckpt.restore_latest(trainer.abstract_state)
+    try:
+        restored = ckpt.restore_latest(trainer.abstract_state)
+    except BaseException:
+        ckpt.close()  # Orbax's threads must stop before the interpreter does
+        raise
     if restored is None:
         state, start = trainer.init_state(cfg.train.seed), 0
         log.info("Starting from scratch in %s", workdir)
@@ -161,7 +178,8 @@ class Progress:
         eta = elapsed / max(done, 1) * (self.total - step)
         line = (
             f"step {step}/{self.total} loss {m['loss']:.3f} ppl {m['ppl']:.2f} "
-            f"{m['target_tokens_per_s']:.0f} tok/s ETA {eta / 60:.1f} min"
+            f"{m['target_tokens_per_s']:.0f} tok/s RSS {m['rss_bytes'] / 2**30:.1f} GB "
+            f"(peak {m['peak_rss_bytes'] / 2**30:.1f}) ETA {eta / 60:.1f} min"
         )
         if self.tty:
             width = 20
@@ -176,7 +194,12 @@ class Progress:
 
 
 def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
-    """Trains run.state to num_steps (default cfg.train.num_steps); returns the last metrics."""
+    """Trains run.state to num_steps (default cfg.train.num_steps); returns the last metrics.
+
+    On SIGTERM or Ctrl-C (preemption.py) it stops after the current step, saves that step, waits
+    for the save and returns early with `stopped_by` (the signal's name) and `step` in the
+    metrics.
+    """
     cfg, trainer = run.cfg, run.trainer
     num_steps = cfg.train.num_steps if num_steps is None else num_steps
     lead = jax.process_index() == 0
@@ -202,7 +225,9 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 "(training resumes from it; lower optim.lr_factor or raise optim.warmup_steps)."
             )
 
+    stop = preemption.StopRequest()
     try:
+        stop.__enter__()
         while step < num_steps:
             local = next(run.train_iter)
             shape = tuple(local["inputs"].shape) + tuple(local["targets"].shape)
@@ -225,6 +250,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 host = losses.normalize_metrics(jax.device_get(acc))
                 dt = time.time() - t_log
                 updates = step // cfg.optim.accumulate_steps
+                rss, peak_rss = hostenv.resident_bytes()
                 metrics = {
                     **host,
                     "lr": float(schedule(max(updates - 1, 0))),
@@ -233,6 +259,8 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                     "steps_per_s": acc_steps / dt,
                     "padding_efficiency": acc_real / max(acc_slots, 1),
                     "flops_per_s": acc_flops / dt,
+                    "rss_bytes": rss,
+                    "peak_rss_bytes": peak_rss,
                 }
                 writer.write(step, "train", metrics)
                 progress.update(step, metrics)
@@ -246,7 +274,9 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 metrics.update({f"eval_{k}": v for k, v in ev.items()})
                 t_log = time.time()  # keep eval time out of tokens/s
 
-            final = step == num_steps
+            if not stop.requested and run.checkpointer.reached_preemption(step):
+                stop.arm_for_save(preemption.signal.SIGTERM)  # all hosts save this step
+            final = step == num_steps or stop.requested
             if final or run.checkpointer.should_save(step):
                 if acc is not None:
                     check_finite(acc, step)  # never checkpoint a state a NaN went into
@@ -255,8 +285,14 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 )
                 if saved:
                     last_good = step
+            if stop.requested:
+                run.checkpointer.wait()  # committed before we say so
+                metrics.update(stopped_by=stop.name, step=step)
+                log.info("%s: saved step %d; stopping", stop.name, step)
+                break
     finally:
         run.checkpointer.wait()
+        stop.__exit__()
         writer.close()
         progress.close()
     run.state = state

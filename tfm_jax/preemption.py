@@ -1,0 +1,77 @@
+"""Stopping a run cleanly on SIGTERM (a scheduler taking the machine) or Ctrl-C.
+
+SLURM, Kubernetes and TPU pods send SIGTERM some time before they take a machine. The loop
+finishes its step, saves that step, waits for the save to commit and returns; a second signal
+while that happens exits at once. Exiting at once loses nothing: Orbax writes a checkpoint into a
+`<step>.orbax-checkpoint-tmp-*` directory and renames it only when complete, so an interrupted
+save is never listed, and the next run deletes its leftovers.
+
+One process: a Python handler sets a flag the loop reads between steps. Several processes:
+every host must save the same step, or Orbax's save barrier hangs, so SIGTERM is left to JAX's
+preemption service (started by `jax.distributed.initialize`), which agrees on a step with the
+other hosts; the loop asks `Checkpointer.reached_preemption` every step. Ctrl-C keeps Python's
+default there (a KeyboardInterrupt on the one host it reaches).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import jax
+
+EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}  # SIGTERM: the run did what it was asked
+
+
+class StopRequest:
+    """Catches SIGTERM/SIGINT for the duration of a `with` block and remembers the first one."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            os.write(
+                2,
+                f"\n{signal.Signals(signum).name} again: exiting now without finishing the "
+                "checkpoint (the previous complete checkpoint is kept)\n".encode(),
+            )
+            os._exit(128 + signum)
+        self.signum = signum
+        os.write(
+            2,
+            f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
+            "(send it again to exit at once)\n".encode(),
+        )
+
+    def _install(self, signums) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for signum in signums:
+            if signum not in self._previous:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def arm_for_save(self, signum: int) -> None:
+        """Multi-host: JAX's service caught SIGTERM; from now on a signal exits at once."""
+        self.signum = self.signum or signum
+        self._install((signal.SIGTERM, signal.SIGINT))
+
+    def __enter__(self) -> StopRequest:
+        if jax.process_count() == 1:
+            self._install((signal.SIGTERM, signal.SIGINT))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
