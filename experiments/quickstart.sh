@@ -2,6 +2,8 @@
 # The main job end to end on one CPU box: train the small config on Multi30k EN->DE, average the
 # last checkpoints (§6.1), evaluate on test_2016_flickr and print the test BLEU.
 # Usage: bash experiments/quickstart.sh [WORKDIR] [--config.key=value ...]
+# It runs from the checkout's root, so a relative WORKDIR or path override is relative to it
+# (as configs/small.py's data.dir is); the saved config.json records both forms (cfg.paths).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORKDIR=${1:-runs/small}
