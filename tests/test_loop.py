@@ -1,5 +1,5 @@
 """The training loop: resume exactness after SIGKILL, NaN stop, averaging, corrupt fallback,
-the 2-process jax.distributed run, and the CLI end to end."""
+the 2-process jax.distributed run (the CLI end to end: test_readme.py)."""
 
 import json
 import os
@@ -164,36 +164,3 @@ def test_two_process_distributed_matches_one_process(corpus, tmp_path):
             return [r["loss"] for r in map(json.loads, f) if r["kind"] == "train"]
 
     np.testing.assert_allclose(losses(tmp_path / "multi"), losses(tmp_path / "single"), rtol=1e-5)
-
-
-@pytest.mark.slow
-def test_end_to_end_cli_train_average_evaluate(corpus, tmp_path):
-    """The quickstart's commands on a tiny run: train, average, evaluate, plot."""
-    args = cli_args(tiny_run_overrides(corpus))
-    steps = [
-        ["train", "--config=configs/small.py", f"--workdir={tmp_path}", *args],
-        ["average", f"--workdir={tmp_path}"],
-        ["evaluate", f"--workdir={tmp_path}", "--split=test", "--checkpoint=averaged"],
-        ["plot", f"--workdir={tmp_path}"],
-    ]
-    outs = []
-    for a in steps:
-        p = cli(a)
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, (a[0], err[-3000:])
-        outs.append(out.strip().splitlines()[-1])
-    assert json.loads(outs[1])["steps"] == [8, 12]  # train.average_last=2 of 4, 8, 12
-    scores = json.loads(outs[2])
-    for key in ("bleu", "bleu_signature", "chrf", "bleu_tok_compound", "nll", "ppl"):
-        assert key in scores
-    assert scores["checkpoint"] == "averaged" and scores["ppl"] > 1
-    assert os.path.exists(outs[3]) and outs[3].endswith(".png")
-    with open(tmp_path / "metrics.jsonl") as f:
-        records = [json.loads(line) for line in f]
-    train_records = [r for r in records if r["kind"] == "train"]
-    assert [r["step"] for r in train_records] == [4, 8, 12]
-    for key in ("loss", "nll", "ppl", "lr", "target_tokens_per_s", "padding_efficiency",
-                "flops_per_s"):  # fmt: skip
-        assert key in train_records[-1]
-    assert any(r["kind"] == "eval" for r in records)
-    assert list((tmp_path / "tensorboard").iterdir())  # TensorBoard event files

@@ -90,4 +90,4 @@ def resident_bytes() -> tuple[int, int]:
             current = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         current = 0
-    return current, peak
+    return current, max(peak, current)  # the kernel updates its high-water mark lazily

@@ -1,0 +1,260 @@
+"""Faults a long run meets, through the CLI as a user meets them: SIGTERM (one and two hosts),
+a second signal during the save, resuming with a changed model, every checkpoint corrupt, bad
+numbers in the config, and relative paths."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+
+from tfm_jax import checkpoint, config, loop, paths, train
+from tfm_jax.__main__ import main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory):
+    """A finished 8-step run (checkpoints 4 and 8), trained in-process."""
+    workdir = tmp_path_factory.mktemp("trained")
+    loop.train_and_evaluate(tiny_run_config(corpus, **{"train.num_steps": 8}), str(workdir))
+    return workdir
+
+
+def cli(args, stdout=subprocess.PIPE, **kw):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,
+                            stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+
+
+def assert_clean_message(err: str, *needles: str) -> None:
+    assert "Traceback" not in err, err[-3000:]
+    assert "Event loop is closed" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in err, (needle, err[-3000:])
+
+
+def wait_for_step(log_path, at_least: int, proc, timeout=300) -> None:
+    """Blocks until the run's progress (stdout, in a file) has passed `at_least` steps."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        lines = [ln for ln in log_path.read_text().splitlines() if ln.startswith("step ")]
+        if lines and int(lines[-1].split()[1].split("/")[0]) >= at_least:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run never reached step {at_least}: {log_path.read_text()[-2000:]}")
+
+
+def params_at(workdir, step, cfg):
+    abstract = train.make_trainer(cfg).abstract_state.params
+    return jax.device_get(checkpoint.load_params(workdir, str(step), abstract))
+
+
+def long_run_args(corpus, **extra):
+    overrides = tiny_run_overrides(corpus, **{
+        "train.num_steps": 100_000, "train.log_every_steps": 2, "train.eval_every_steps": 100_000,
+        "train.checkpoint_every_steps": 1000, **extra})  # fmt: skip
+    return ["train", "--config=configs/small.py", *cli_args(overrides)]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_current_step_and_resumes_bitwise(corpus, tmp_path):
+    args = long_run_args(corpus)
+    log = tmp_path / "stdout.txt"
+    with open(log, "w") as out:
+        p = cli([*args, f"--workdir={tmp_path / 'stopped'}"], stdout=out)
+        wait_for_step(log, 10, p)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    stopped = summary["step"]
+    assert summary["stopped_by"] == "SIGTERM" and 10 <= stopped < 100_000
+    assert_clean_message(err, f"SIGTERM: stopped at step {stopped} ")
+    assert len([ln for ln in err.splitlines() if ln.startswith("SIGTERM: stopped")]) == 1
+    steps = checkpoint.Checkpointer(tmp_path / "stopped", every_steps=0, every_secs=0,
+                                    keep=5).all_steps()  # fmt: skip
+    assert steps[-1] == stopped  # the newest checkpoint is the step it stopped at
+
+    # Resume to stopped + 6 steps; an uninterrupted run to the same step must match bitwise.
+    final = stopped + 6
+    more = [f"--config.train.num_steps={final}"]
+    p = cli([*args, *more, f"--workdir={tmp_path / 'stopped'}"])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert f"Resumed from step {stopped}" in err and "train.num_steps: saved 100000" in err
+    p = cli([*args, *more, f"--workdir={tmp_path / 'straight'}"])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    cfg = tiny_run_config(corpus)
+    a, b = params_at(tmp_path / "stopped", final, cfg), params_at(tmp_path / "straight", final, cfg)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.slow
+def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus, tmp_path):
+    workdir = tmp_path / "run"
+    log = tmp_path / "stdout.txt"
+    with open(log, "w") as out:
+        # bigger params, so the save the second signal interrupts takes a while
+        p = cli([*long_run_args(corpus, **{"model.vocab_size": 2000, "model.d_model": 256,
+                                           "model.d_ff": 1024, "model.d_k": 128,
+                                           "model.d_v": 128, "train.checkpoint_every_steps": 4}),
+                 f"--workdir={workdir}"], stdout=out)  # fmt: skip
+        wait_for_step(log, 6, p)
+        p.send_signal(signal.SIGTERM)
+        line = ""
+        while "stopping after this step" not in line:
+            line = p.stderr.readline()
+            assert line, "the process ended without acknowledging SIGTERM"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=300)
+    # Either the save was already done (0) or the second signal cut it short (128 + SIGINT).
+    assert p.returncode in (0, 128 + signal.SIGINT), err[-3000:]
+    if p.returncode:
+        assert "SIGINT again: exiting now" in err
+    big = {"model.vocab_size": 2000, "model.d_model": 256, "model.d_ff": 1024,
+           "model.d_k": 128, "model.d_v": 128}  # fmt: skip
+    cfg = tiny_run_config(corpus, **big)
+    ckpt = checkpoint.Checkpointer(workdir, every_steps=0, every_secs=0, keep=5)
+    steps = ckpt.all_steps()
+    assert steps, "no checkpoint at all"
+    for step in steps:  # every checkpoint Orbax lists restores
+        params_at(workdir, step, cfg)
+    ckpt.close()
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_path):
+    from test_loop import free_port
+
+    args = long_run_args(corpus, **{"model.dropout": 0.0})
+    port = free_port()
+    logs = [tmp_path / f"stdout{i}.txt" for i in range(2)]
+    files = [open(log, "w") for log in logs]
+    procs = [cli([*args, f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
+                  "--num_processes=2", f"--process_id={i}"], stdout=files[i])  # fmt: skip
+             for i in range(2)]  # fmt: skip
+    try:
+        wait_for_step(logs[0], 6, procs[0])
+        procs[1].send_signal(signal.SIGTERM)  # the scheduler takes host 1
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+        for f in files:
+            f.close()
+    for p, err in zip(procs, errs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    summary = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
+    assert summary[0]["step"] == summary[1]["step"] and summary[0]["stopped_by"] == "SIGTERM"
+    steps = checkpoint.Checkpointer(tmp_path / "run", every_steps=0, every_secs=0,
+                                    keep=5).all_steps()  # fmt: skip
+    assert steps[-1] == summary[0]["step"]
+
+
+def test_resume_with_a_changed_model_is_a_clear_error(corpus, trained):
+    args = ["train", "--config=configs/small.py", f"--workdir={trained}",
+            *cli_args(tiny_run_overrides(corpus, **{"train.num_steps": 8,
+                                                    "model.d_model": 64}))]  # fmt: skip
+    p = cli(args)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 2, err[-3000:]
+    assert_clean_message(err, "cannot resume", "model.d_model: saved 32, now 64",
+                         "--config.model.d_model=32")  # fmt: skip
+    assert "restore failed" not in err  # decided from the saved config, before any restore
+
+
+def test_resume_keys_are_classified(corpus, trained):
+    from tfm_jax import resume
+
+    saved = checkpoint.read_config_json(trained)
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 99, "decode.alpha": 1.0,
+                                     "optim.lr_factor": 2.0, "model.num_heads": 4,
+                                     "model.d_k": 8, "model.d_v": 8,
+                                     "optim.accumulate_steps": 2})  # fmt: skip
+    refused, safe, other = resume.compare(saved, cfg)
+    assert {k for k, _, _ in refused} == {"model.num_heads", "model.d_k", "model.d_v",
+                                          "optim.accumulate_steps"}  # fmt: skip
+    assert {"train.num_steps", "decode.alpha"} <= {k for k, _, _ in safe}
+    assert {k for k, _, _ in other} == {"optim.lr_factor"}
+    # switching gradient clipping on changes the optimizer state's structure
+    cfg = tiny_run_config(corpus, **{"optim.grad_clip_norm": 1.0})
+    assert [k for k, _, _ in resume.compare(saved, cfg)[0]] == ["optim.grad_clip_norm"]
+
+
+def test_every_checkpoint_corrupt_is_a_clear_error(corpus, trained, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(trained, workdir)
+    for f in (workdir / "checkpoints").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(b"garbage")  # config items too: the resume check must cope
+    args = ["train", "--config=configs/small.py", f"--workdir={workdir}",
+            *cli_args(tiny_run_overrides(corpus, **{"train.num_steps": 8}))]  # fmt: skip
+    p = cli(args)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1, err[-3000:]
+    assert_clean_message(err, "No checkpoint in", "could be restored", "step 8:", "step 4:",
+                         "move them aside")  # fmt: skip
+
+
+def test_every_numeric_key_has_a_range_and_out_of_range_is_an_error(capsys):
+    keys = set(config.numeric_keys(config.default_config()))
+    assert keys == set(config.RANGES), keys ^ set(config.RANGES)
+    for key, bad in (("train.num_steps", -5), ("model.dropout", 1.5), ("mesh.data", 0),
+                     ("optim.eps", 0.0), ("decode.beam_size", 0)):  # fmt: skip
+        argv = ["train", "--config=configs/small.py", "--workdir=unused", f"--config.{key}={bad}"]
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and f"config key {key}={bad!r} is out of range" in err, err
+        assert "must be" in err and f"--config.{key}=" in err
+    cfg = config.default_config()
+    config.validate(cfg)  # the defaults are in range
+    for row in config.TABLE3:
+        config.validate(config.table3_config(row))
+
+
+def test_paths_are_resolved_once_and_recorded(tmp_path, monkeypatch):
+    assert paths.resolve("gs://bucket/runs/x") == "gs://bucket/runs/x"
+    assert paths.resolve(None) is None and paths.resolve("") == ""
+    monkeypatch.chdir(tmp_path)
+    assert paths.resolve("runs/a") == str(tmp_path / "runs" / "a")
+    assert paths.resolve("~/x") == os.path.expanduser("~/x")
+    cfg = config.default_config()
+    cfg.data.dir = "../data"
+    paths.resolve_config_paths(cfg, workdir="runs/a")
+    assert cfg.data.dir == str(tmp_path.parent / "data")
+    assert cfg.paths.typed.data_dir == "../data" and cfg.paths.typed.workdir == "runs/a"
+    assert cfg.paths.workdir == str(tmp_path / "runs" / "a") and cfg.paths.cwd == str(tmp_path)
+    monkeypatch.chdir(tmp_path / "..")
+    paths.resolve_config_paths(cfg)  # a saved config read back elsewhere: unchanged
+    assert cfg.data.dir == str(tmp_path.parent / "data") and cfg.paths.typed.data_dir == "../data"
+
+
+def test_translate_and_evaluate_take_relative_paths(trained, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    os.symlink(trained, tmp_path / "run")
+    (tmp_path / "in.txt").write_text("a dog runs\ntwo men\n")
+    rc = main(["translate", "--workdir=run", "--checkpoint=latest", "--input=in.txt",
+               "--output=out/../out.txt"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert len((tmp_path / "out.txt").read_text().split("\n")) == 3
+    rc = main(["evaluate", "--workdir=run", "--checkpoint=4", "--split=validation",
+               "--out=scores", "--config.decode.max_extra_len=4"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "scores" / "scores.json").read_text())["checkpoint"] == "4"
