@@ -95,19 +95,19 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     )
     try:
         restored = ckpt.restore_latest(trainer.abstract_state)
+        if restored is None:
+            state, start = trainer.init_state(cfg.train.seed), 0
+            log.info("Starting from scratch in %s", workdir)
+        else:
+            state, data_state, start = restored
+            train_iter.set_state(data_state)
+            log.info("Resumed from step %d in %s", start, workdir)
+        if jax.process_index() == 0:
+            with open(os.path.join(workdir, "config.json"), "w") as f:
+                f.write(cfg.to_json_best_effort(indent=2))
     except BaseException:
         ckpt.close()  # Orbax's threads must stop before the interpreter does
         raise
-    if restored is None:
-        state, start = trainer.init_state(cfg.train.seed), 0
-        log.info("Starting from scratch in %s", workdir)
-    else:
-        state, data_state, start = restored
-        train_iter.set_state(data_state)
-        log.info("Resumed from step %d in %s", start, workdir)
-    if jax.process_index() == 0:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(cfg.to_json_best_effort(indent=2))
     return Run(cfg, workdir, trainer, tokenizer, train_iter, eval_batches, ckpt, state, start)
 
 
