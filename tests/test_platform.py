@@ -1,19 +1,26 @@
-"""hostenv: the malloc tunables are added once, beside (never over) the user's, and optional."""
+"""The platform seam: the only backend query, what "auto" resolves to on CPU, the compilation
+cache, and the CPU-only malloc tunables (added once, beside the user's, optional, CPU only)."""
 
 import os
+import re
 import subprocess
 import sys
 
+import jax
 import pytest
 from conftest import REPO
 
-from tfm_jax import hostenv
+from tfm_jax import config, platform
+from tfm_jax.platform import cpu
+from tfm_jax.platform import host as hostenv  # the malloc half of the seam
 
-pytestmark = pytest.mark.skipif(
+needs_glibc_tunables = pytest.mark.skipif(
     not hostenv._glibc_has_hugetlb_tunable(), reason="needs glibc >= 2.35 on Linux"
 )
 
 
+@pytest.mark.cpu_only
+@needs_glibc_tunables
 def test_malloc_env_adds_the_tunables_once():
     ours = ":".join(hostenv.TUNABLES)
     assert hostenv.malloc_env({})["GLIBC_TUNABLES"] == ours
@@ -29,11 +36,13 @@ def test_malloc_env_adds_the_tunables_once():
     assert hostenv.malloc_env({"TFM_JAX_MALLOC_TUNABLES": "0"}) is None
 
 
+@pytest.mark.cpu_only
+@needs_glibc_tunables
 def test_reexec_runs_the_new_process_with_the_tunable():
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     child = "import os; print(os.environ['GLIBC_TUNABLES'])"
     code = (
-        "from tfm_jax import hostenv; "
+        "from tfm_jax.platform import host as hostenv; "
         f"hostenv.reexec_with_malloc_tunables(['-c', {child!r}]); print('not re-executed')"
     )
     out = subprocess.run(
@@ -46,3 +55,90 @@ def test_reexec_runs_the_new_process_with_the_tunable():
         [sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert out.stdout == "not re-executed\n"
+
+
+@pytest.mark.cpu_only
+@needs_glibc_tunables
+def test_accelerator_hosts_get_no_malloc_tunables():
+    assert hostenv.has_accelerator({"JAX_PLATFORMS": "cuda"})
+    assert hostenv.has_accelerator({"JAX_PLATFORMS": "tpu,cpu"})
+    assert not hostenv.has_accelerator({"JAX_PLATFORMS": "cpu"})
+    assert hostenv.has_accelerator({"JAX_PLATFORMS": "", "TPU_ACCELERATOR_TYPE": "v5p-8"})
+    assert hostenv.malloc_env({"JAX_PLATFORMS": "cuda"}) is None
+    assert hostenv.malloc_env({"JAX_PLATFORMS": "cpu"}) is not None
+
+
+def test_only_the_seam_asks_for_the_backend():
+    root = os.path.join(REPO, "tfm_jax")
+    offenders = []
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not name.endswith(".py") or path == os.path.join(root, "platform", "__init__.py"):
+                continue
+            with open(path, encoding="utf-8") as f:
+                if re.search(r"default_backend\(|jax\.devices\(\)\[0\]\.platform", f.read()):
+                    offenders.append(os.path.relpath(path, REPO))
+    assert not offenders, f"backend checks outside tfm_jax/platform/__init__.py: {offenders}"
+
+
+@pytest.mark.cpu_only
+def test_auto_resolves_to_the_cpu_paths_on_cpu():
+    assert platform.backend() == "cpu"
+    assert platform.dropout_prng("auto") == "threefry_fused"
+    assert platform.dropout_prng("rbg") == "rbg"
+    with pytest.raises(ValueError, match="train.dropout_prng='fast'"):
+        platform.dropout_prng("fast")
+    assert platform.product() is cpu.canonical_product
+    cfg = config.default_config()
+    cfg.platform.compilation_cache = ""
+    try:
+        cfg.platform.product = "einsum"
+        assert platform.init_runtime(cfg).product == "einsum"
+        assert platform.product() is platform.plain_product
+    finally:
+        cfg.platform.product = "auto"
+        assert platform.init_runtime(cfg).product == "cpu_canonical"
+
+
+def test_compilation_cache_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert platform.default_cache_dir() == str(tmp_path / "xdg" / "tfm_jax" / "xla")
+    cfg = config.default_config()
+    previous = jax.config.jax_compilation_cache_dir
+    try:
+        cfg.platform.compilation_cache = str(tmp_path / "cache")
+        assert platform.init_runtime(cfg).compilation_cache_dir == str(tmp_path / "cache")
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cache")
+        cfg.platform.compilation_cache = "auto"
+        assert platform.init_runtime(cfg).compilation_cache_dir == platform.default_cache_dir()
+        cfg.platform.compilation_cache = ""
+        assert platform.init_runtime(cfg).compilation_cache_dir is None
+    finally:
+        jax.config.update("jax_compilation_cache_dir", previous)
+
+
+@pytest.mark.slow
+def test_a_relaunch_reads_the_compilation_cache(tmp_path):
+    """Two identical tiny `train` runs: the second finds its programs in the persistent cache."""
+    from loop_helpers import cli_args, tiny_run_overrides, write_tiny_corpus
+
+    corpus = write_tiny_corpus(tmp_path / "corpus")
+    cache = str(tmp_path / "xla")
+    overrides = tiny_run_overrides(
+        corpus, **{"train.num_steps": 4, "platform.compilation_cache": cache}
+    )
+    # every program, however fast it compiles (the tiny model's take well under the 1 s default)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+    env.pop("XLA_FLAGS", None)
+    for run in ("a", "b"):
+        argv = ["-m", "tfm_jax", "train", "--config=configs/small.py",
+                f"--workdir={tmp_path / run}", *cli_args(overrides)]  # fmt: skip
+        p = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+        assert p.returncode == 0, p.stderr[-3000:]
+        entries = sorted(os.listdir(tmp_path / "xla"))
+        if run == "a":
+            first = entries
+            assert first, "nothing was written to the compilation cache"
+    assert entries == first  # the relaunch compiled nothing new: every program was a cache hit

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":  # before JAX is imported: see hostenv.py
-    from tfm_jax import hostenv
+if __name__ == "__main__":  # before JAX is imported: see platform/host.py
+    from tfm_jax.platform import host
 
-    hostenv.reexec_with_malloc_tunables(["-m", "tfm_jax", *sys.argv[1:]])
+    host.reexec_with_malloc_tunables(["-m", "tfm_jax", *sys.argv[1:]])
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -20,7 +20,7 @@ import logging  # noqa: E402
 import os  # noqa: E402
 
 from tfm_jax import config as config_lib  # noqa: E402
-from tfm_jax import paths  # noqa: E402
+from tfm_jax import paths, platform  # noqa: E402
 
 
 def _user_facing_errors() -> tuple[type[BaseException], ...]:
@@ -109,6 +109,7 @@ def cmd_train(args, overrides) -> int:
     )
     cfg = build_config(args.config, overrides)
     paths.resolve_config_paths(cfg, workdir=args.workdir_typed)
+    platform.init_runtime(cfg)
     metrics = loop.train_and_evaluate(cfg, args.workdir)
     print(json.dumps({"workdir": args.workdir, **metrics}))
     if metrics.get("stopped_by"):

@@ -21,7 +21,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from tfm_jax import platform
 
 Array = jax.Array
 
@@ -65,57 +66,9 @@ def _check_spec(spec: str) -> None:
             )
 
 
-def _transpose(x: Array, perm: list[int]) -> Array:
-    if perm == sorted(perm):
-        return x
-    # The barrier keeps XLA from folding the transpose back into the dot's dimension numbers
-    # or its layout, which would make the dot non-canonical (see _product).
-    return jax.lax.optimization_barrier(jnp.transpose(x, perm))
-
-
-def _ynn_takes(m: int, k: int, n: int) -> bool:
-    """Whether XLA:CPU hands an [m, k] x [k, n] dot to YNNPACK (xla/backends/cpu/ynn_support.cc
-    declines matrix-vector products and dots whose sides are all under 8)."""
-    return m > 1 and n > 1 and max(m, k, n) >= 8
-
-
 def _product(spec: str, a: Array, b: Array, dtype, out_dtype) -> Array:
-    """The einsum as one canonical [batch, m, k] x [batch, k, n] -> [batch, m, n] matmul.
-
-    XLA:CPU runs bf16 x bf16 -> f32 dots only through YNNPACK, which takes row-major operands
-    with the contraction last on the left and first on the right; any other dot falls back to
-    Eigen, which has no kernel for it ("Unsupported element type for DotThunk"). So operands are
-    transposed into that form explicitly, and kept there.
-    """
-    if jax.default_backend() != "cpu":  # GPU/TPU libraries take any layout of bf16 -> f32
-        out = jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
-        return out.astype(out_dtype)
-    lhs, rhs, out = _terms(spec)
-    free = [c for c in out if not (c in lhs and c in rhs)]
-    if free and free[0] in rhs:  # out is [batch, rhs-free, lhs-free]: swap, no output transpose
-        lhs, rhs, a, b = rhs, lhs, b, a
-    batch = [c for c in out if c in lhs and c in rhs]
-    m = [c for c in out if c in lhs and c not in rhs]
-    n = [c for c in out if c in rhs and c not in lhs]
-    k = [c for c in lhs if c in rhs and c not in out]
-    size = dict(zip(lhs, a.shape, strict=True)) | dict(zip(rhs, b.shape, strict=True))
-    prod = lambda cs: int(np.prod([size[c] for c in cs], dtype=np.int64))  # noqa: E731
-    a, b = a.astype(dtype), b.astype(dtype)
-    if not _ynn_takes(prod(m), prod(k), prod(n)):
-        # Same numbers (bf16 operands, f32 sums) through an f32 dot, which Eigen runs.
-        a, b = a.astype(jnp.float32), b.astype(jnp.float32)
-    a3 = _transpose(a, [lhs.index(c) for c in batch + m + k])
-    b3 = _transpose(b, [rhs.index(c) for c in batch + k + n])
-    a3 = a3.reshape(prod(batch), prod(m), prod(k))
-    b3 = b3.reshape(prod(batch), prod(k), prod(n))
-    c3 = jax.lax.dot_general(
-        a3, b3, (((2,), (1,)), ((0,), (0,))), preferred_element_type=jnp.float32
-    )  # [batch, m, n]
-    c = c3.astype(out_dtype).reshape([size[ch] for ch in batch + m + n])
-    perm = [(batch + m + n).index(ch) for ch in out]
-    if perm != sorted(perm):
-        c = jnp.transpose(jax.lax.optimization_barrier(c), perm)
-    return c
+    """One bf16 x bf16 -> f32 product, by the implementation the platform seam chose."""
+    return platform.product()(spec, a, b, dtype, out_dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))

@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 REFUSED_PREFIXES = ("model.",)
 REFUSED_KEYS = ("data.vocab_size", "data.vocab_path", "optim.accumulate_steps")
 # Changing these leaves the run the same experiment.
-SAFE_PREFIXES = ("decode.", "mesh.", "paths.")
+SAFE_PREFIXES = ("decode.", "mesh.", "paths.", "platform.")
+# Dropout generators that draw the same bits (tests/test_prng.py): switching among them is safe.
+SAME_BITS = ("auto", "threefry", "threefry_fused")
 SAFE_KEYS = (
     "train.num_steps",
     "train.log_every_steps",
@@ -97,7 +99,9 @@ def compare(saved: dict[str, Any], cfg: ml_collections.ConfigDict) -> tuple[list
         if a == b or (b is None and a is not None and key == "data.vocab_path"):
             continue
         entry = (key, a, b)
-        if key == "optim.grad_clip_norm":
+        if key == "train.dropout_prng" and a in SAME_BITS and b in SAME_BITS:
+            safe.append(entry)
+        elif key == "optim.grad_clip_norm":
             (refused if _grad_clipping(old) != _grad_clipping(new) else other).append(entry)
         elif key.startswith(REFUSED_PREFIXES) or key in REFUSED_KEYS:
             refused.append(entry)

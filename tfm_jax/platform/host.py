@@ -1,11 +1,13 @@
-"""Process set-up for CPU hosts that must happen before the process starts: malloc tunables.
+"""Process set-up before JAX starts (no JAX import here): malloc tunables, accelerator detection,
+and the process's resident memory.
 
-XLA:CPU allocates each execution's temporaries as one block (5.4 GB for a base f32 training
-step at 4,096 target tokens, 4.4 GB in bf16) and frees it when the step ends, besides other
-large buffers. glibc serves allocations over 32 MB, and any allocation a non-main thread's
-arena cannot hold, with fresh mmaps and unmaps them on free, so every step faulted all of that
-memory in again: 1.66 million page faults per base step on the 2-core machine, 17% of its CPU
-time in the kernel. The entry points re-execute themselves once with these glibc tunables:
+CPU-only: the malloc tunables. XLA:CPU allocates each execution's temporaries as one block (5.4
+GB for a base f32 training step at 4,096 target tokens, 4.4 GB in bf16) and frees it when the
+step ends, besides other large buffers. glibc serves allocations over 32 MB, and any allocation
+a non-main thread's arena cannot hold, with fresh mmaps and unmaps them on free, so every step
+faulted all of that memory in again: 1.66 million page faults per base step on the 2-core
+machine, 17% of its CPU time in the kernel. On a host without an accelerator the entry points
+re-execute themselves once with these glibc tunables:
 
 - `glibc.malloc.arena_max=1`, `glibc.malloc.mmap_max=0`, `glibc.malloc.trim_threshold=1 TiB`:
   one heap, grown with brk and never handed back, so a freed step's blocks serve the next step
@@ -18,8 +20,9 @@ time in the kernel. The entry points re-execute themselves once with these glibc
 
 Base f32 step: 13.7 s with none, 10.3 s with huge pages only (1.7 s of kernel time a step),
 9.6-10.1 s with all (0.01 s). The same pid, so signals and process managers are unaffected.
-Accelerator hosts lose nothing. Opt out with TFM_JAX_MALLOC_TUNABLES=0; a tunable already in
-GLIBC_TUNABLES is left as the user set it.
+GPU and TPU hosts (and any process with JAX_PLATFORMS naming an accelerator) are left alone:
+nothing there has been measured to gain from it. Opt out with TFM_JAX_MALLOC_TUNABLES=0; a
+tunable already in GLIBC_TUNABLES is left as the user set it.
 """
 
 from __future__ import annotations
@@ -47,11 +50,29 @@ def _glibc_has_hugetlb_tunable() -> bool:
     return (major, minor) >= (2, 35)
 
 
+def has_accelerator(environ: dict[str, str] | None = None) -> bool:
+    """Whether JAX will find a GPU or TPU here, decided without starting JAX.
+
+    JAX_PLATFORMS, when set, decides (any entry other than "cpu"); otherwise NVIDIA device nodes
+    (/dev/nvidia0, /dev/nvidiactl), a TPU chip (/dev/accel0) or a TPU VM's environment
+    (TPU_ACCELERATOR_TYPE, TPU_NAME) count as one.
+    """
+    environ = os.environ if environ is None else environ
+    platforms = [p.strip() for p in environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
+    if platforms:
+        return any(p != "cpu" for p in platforms)
+    if any(environ.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_NAME")):
+        return True
+    return any(os.path.exists(p) for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/accel0"))
+
+
 def malloc_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     """The environment with the tunables added, or None if there is nothing to add."""
     environ = dict(os.environ if environ is None else environ)
     if environ.get("TFM_JAX_MALLOC_TUNABLES", "1") == "0":
         return None
+    if has_accelerator(environ):
+        return None  # CPU hosts only: measured there, unmeasured on GPU/TPU hosts
     if not sys.platform.startswith("linux") or not _glibc_has_hugetlb_tunable():
         return None
     current = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]

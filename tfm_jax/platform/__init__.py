@@ -1,0 +1,136 @@
+"""The platform seam: the one place that asks which backend JAX runs on, and what follows from it.
+
+Every entry point calls `init_runtime(cfg)` once (as MaxText's trainers do); the model, the step
+and the decoder then read the same on every backend. What it decides:
+
+- bf16 x bf16 -> f32 products (`platform.product`): on CPU `cpu.canonical_product` (the one
+  layout YNNPACK runs); elsewhere one einsum with `preferred_element_type`.
+- dropout bits (`train.dropout_prng="auto"`): on CPU `threefry_fused` (prng.py, 1.18x the base
+  step); elsewhere `threefry`, JAX's own lowering. The same bits either way.
+- malloc tunables (host.py, before JAX starts): CPU hosts only.
+- decoding devices (`--cpu_devices`): on CPU one JAX device per core; elsewhere the accelerators.
+- the persistent compilation cache (`platform.compilation_cache`): on every backend.
+
+CPU-only code is in cpu.py and host.py, each switchable, its tests marked `cpu_only`. GPU and TPU
+choices are the portable ones until measured there (experiments/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PRODUCTS = ("auto", "einsum", "cpu_canonical")
+DROPOUT_PRNGS = ("auto", "threefry_fused", "threefry", "rbg", "unsafe_rbg")
+
+
+def backend() -> str:
+    """ "cpu", "gpu" or "tpu": the only `jax.default_backend()` call in tfm_jax/."""
+    import jax
+
+    return jax.default_backend()
+
+
+def plain_product(spec: str, a, b, dtype, out_dtype):
+    """bf16 operands, f32 sums, any layout: one einsum, as GPU and TPU libraries run it."""
+    import jax.numpy as jnp
+
+    out = jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    return out.astype(out_dtype)
+
+
+@dataclasses.dataclass
+class Runtime:
+    """What `init_runtime` resolved for this process."""
+
+    backend: str
+    product: str  # "einsum" | "cpu_canonical"
+    compilation_cache_dir: str | None
+
+
+_product_name: str = "auto"  # set by init_runtime; "auto" resolves on first use
+_runtime: Runtime | None = None
+
+
+def _resolve_product(name: str) -> str:
+    if name not in PRODUCTS:
+        raise ValueError(f"platform.product={name!r}: use one of {', '.join(PRODUCTS)}")
+    if name == "auto":
+        return "cpu_canonical" if backend() == "cpu" else "einsum"
+    return name
+
+
+def product() -> Callable:
+    """The bf16 x bf16 -> f32 product implementation `matmul.einsum` uses (read at trace time)."""
+    if _resolve_product(_product_name) == "cpu_canonical":
+        from tfm_jax.platform import cpu
+
+        return cpu.canonical_product
+    return plain_product
+
+
+def dropout_prng(name: str) -> str:
+    """`train.dropout_prng` with "auto" resolved: threefry_fused on CPU, threefry elsewhere.
+
+    Both draw the same bits (tests/test_prng.py), so "auto" never changes a run's numbers.
+    """
+    if name not in DROPOUT_PRNGS:
+        raise ValueError(f"train.dropout_prng={name!r}: use one of {', '.join(DROPOUT_PRNGS)}")
+    if name != "auto":
+        return name
+    return "threefry_fused" if backend() == "cpu" else "threefry"
+
+
+def default_cache_dir() -> str:
+    """$XDG_CACHE_HOME/tfm_jax/xla (default ~/.cache/tfm_jax/xla)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "tfm_jax", "xla")
+
+
+def _setup_compilation_cache(setting: str) -> str | None:
+    """Points JAX's persistent compilation cache at `setting` ("auto", "" = off, or a folder)."""
+    import jax
+
+    if not setting:
+        return None
+    directory = default_cache_dir() if setting == "auto" else setting
+    if "://" not in directory:
+        directory = os.path.abspath(os.path.expanduser(directory))
+        os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    # Cache every program that took over a second to compile (unless the environment says
+    # otherwise), whatever its size.
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    # Unbounded, as JAX's default (a size cap needs the `filelock` package): delete the folder
+    # to clear it.
+    return directory
+
+
+def init_runtime(cfg: Any = None, *, cpu_devices: int | None = 1) -> Runtime:
+    """Resolves and applies this process's platform choices; call once, before any step runs.
+
+    cfg: a config with a `platform` section (product, compilation_cache), or None for the
+    defaults. cpu_devices: JAX CPU devices to split this host into (decoding; None = one per
+    core) — only before JAX has started its backends, and only on CPU hosts.
+    """
+    global _product_name, _runtime
+    settings = getattr(cfg, "platform", None) if cfg is not None else None
+    product_setting = settings.product if settings is not None else "auto"
+    cache_setting = settings.compilation_cache if settings is not None else "auto"
+    if cpu_devices != 1:
+        from tfm_jax.platform import cpu, host
+
+        if not host.has_accelerator():
+            cpu.split_cpu_devices(cpu_devices)
+    _product_name = product_setting
+    cache_dir = _setup_compilation_cache(cache_setting)
+    _runtime = Runtime(backend(), _resolve_product(product_setting), cache_dir)
+    log.debug("platform: %s", _runtime)
+    return _runtime
