@@ -4,8 +4,14 @@
         [--config.model.dtype=bfloat16] [--batch=128 --length=32] [--reps=5] [--warmup=1]
         [--variant=NAME:KEY=VAL,KEY=VAL ...] [--devices=8]
 
-Prints one JSON object per line per benchmark ({"bench": "train_step", ...}). Every timing is the
-median of `--reps` runs after `--warmup` runs, all in this one process.
+Prints one JSON object per line per benchmark ({"bench": "train_step", ...}), each as soon as it
+exists, and a timestamped progress line on stderr at every phase (`[+12.3s] base/default:
+lowering the train step`), so a run cut short still shows where its time went.
+train_step first prints one `{"bench": "train_step_compile", ...}` line per variant (lower_s:
+tracing and lowering to HLO; compile_s: XLA's compilation), then times the steps; its train_step
+lines repeat those times. Every timing is the median of `--reps` runs after `--warmup` runs, all
+in this one process. Progress stamps count from $BENCH_T0 (epoch seconds, which
+experiments/gpu_check.sh sets to its own start), else from this process's start.
 
 The machine may be shared (CI, other jobs), so absolute numbers drift. Two defences:
   * MFU: the peak matmul is re-timed right before every timed step (interleaved), and MFU is the
@@ -33,7 +39,12 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Progress stamps count from gpu_check.sh's start where it exports BENCH_T0, else from here; the
+# environment carries the stamp across the malloc re-exec below.
+os.environ.setdefault("BENCH_T0", repr(time.time()))
+T0 = float(os.environ["BENCH_T0"])
 BENCHES = ("peak", "train_step", "decode", "input")
+MODEL_DIMS = ("num_layers", "d_model", "d_ff", "num_heads", "vocab_size")
 DEFAULT_CONFIGS = ("configs/base.py", "configs/small.py")
 
 
@@ -48,10 +59,10 @@ def _preparse_devices(argv: list[str]) -> None:
 
 
 sys.path.insert(0, REPO)
-if __name__ == "__main__":  # malloc tunables, as `python -m tfm_jax` (tfm_jax/hostenv.py)
-    from tfm_jax import hostenv  # noqa: E402
+if __name__ == "__main__":  # malloc tunables, as `python -m tfm_jax` (tfm_jax/platform/host.py)
+    from tfm_jax.platform import host  # noqa: E402
 
-    hostenv.reexec_with_malloc_tunables([os.path.abspath(__file__), *sys.argv[1:]])
+    host.reexec_with_malloc_tunables([os.path.abspath(__file__), *sys.argv[1:]])
 _preparse_devices(sys.argv[1:])
 
 import jax  # noqa: E402
@@ -66,8 +77,17 @@ def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
+def progress(message: str) -> None:
+    """One timestamped line on stderr: what this process is about to do, or just did."""
+    print(f"[+{time.time() - T0:.1f}s] {message}", file=sys.stderr, flush=True)
+
+
 def _median(xs):
     return float(statistics.median(xs))
+
+
+def _since(start: float) -> str:
+    return f"{time.perf_counter() - start:.3f} s"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,6 +104,7 @@ class Peak:
     def __init__(self, n: int | None = None):
         self.n = n or default_peak_size()
         self.fns = {}
+        progress(f"peak: compiling {self.n}^3 products (f32, bf16) on {jax.devices()[0]}")
         key = jax.random.PRNGKey(0)
         # bf16: bf16 operands, float32 accumulation and result, the product the model's bf16
         # compute uses (tfm_jax/matmul.py) and the hardware's bf16 rate; a bf16-result dot is
@@ -106,8 +127,8 @@ class Peak:
         return 2.0 * self.n**3 / best
 
 
-def bench_peak(reps: int, n: int | None = None) -> dict:
-    peak = Peak(n)
+def bench_peak(peak: Peak, reps: int) -> dict:
+    progress(f"peak: timing {reps} reps")
     f32 = [peak.flops_per_s("f32") for _ in range(reps)]
     bf16 = [peak.flops_per_s("bf16") for _ in range(reps)]
     return {
@@ -170,14 +191,20 @@ class StepCase:
 
     def __init__(self, name, cfg, batch_np, compiler_options=None, mesh=None):
         self.name, self.cfg = name, cfg
+        shape = "x".join(map(str, batch_np["targets"].shape))
+        progress(f"{name}: building the model and optimizer ({cfg.model.dtype}, [{shape}])")
         self.trainer = train.make_trainer(cfg, mesh)
-        self.state = self.trainer.init_state(cfg.train.seed)
+        progress(f"{name}: initializing the train state")
+        start = time.perf_counter()
+        self.state = jax.block_until_ready(self.trainer.init_state(cfg.train.seed))
+        self.init_s = time.perf_counter() - start
         self.batch = sharding.global_batch(batch_np, self.trainer.mesh)
-        with self.trainer.context():
-            start = time.perf_counter()
-            lowered = self.trainer.train_step_fn.lower(self.state, self.batch)
-            self.compiled = lowered.compile(compiler_options=compiler_options or None)
-            self.compile_s = time.perf_counter() - start
+        progress(f"{name}: lowering the train step")
+        step = self.trainer.compile_train_step(
+            self.state, self.batch, compiler_options, report=lambda m: progress(f"{name}: {m}")
+        )
+        self.compiled, self.lower_s, self.compile_s = step.executable, step.lower_s, step.compile_s
+        progress(f"{name}: compiled in {self.compile_s:.1f} s")
         cost = self.compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
         # cost_analysis() is per device (the SPMD-partitioned program); the step does that on each
@@ -217,24 +244,38 @@ class StepCase:
             self.first_loss = float(metrics["loss"]) / float(metrics["tokens"])
         return elapsed
 
+    def describe(self, bench: str, batch: int, src_len: int, tgt_len: int) -> dict:
+        """The fields every record of this case starts with: what ran where, and its compile."""
+        m = self.cfg.model
+        return {
+            "bench": bench,
+            "variant": self.name,
+            "backend": jax.default_backend(),
+            "device": str(jax.devices()[0].device_kind),
+            "dtype": m.dtype,
+            "scan_layers": m.scan_layers,
+            # flat, so that a line can be read without knowing the config's nesting
+            **{k: m[k] for k in MODEL_DIMS},
+            "model": {k: m[k] for k in MODEL_DIMS},
+            "batch_shape": [batch, src_len, tgt_len],
+            "init_s": self.init_s,  # the jitted init, its compilation included
+            "lower_s": self.lower_s,
+            "compile_s": self.compile_s,  # XLA's compilation alone
+            # a persistent cache turns compile_s into a cache read
+            "compilation_cache": jax.config.jax_compilation_cache_dir or None,
+        }
+
     def result(self, batch, src_len, tgt_len, peak_name) -> dict:
         step_s = _median(self.times)
         tokens = batch * tgt_len
         m = self.cfg.model
         return {
-            "bench": "train_step",
-            "variant": self.name,
-            "dtype": m.dtype,
-            "model": {
-                k: m[k] for k in ("num_layers", "d_model", "d_ff", "num_heads", "vocab_size")
-            },
-            "batch_shape": [batch, src_len, tgt_len],
+            **self.describe("train_step", batch, src_len, tgt_len),
             "target_tokens": tokens,
             "devices": jax.device_count(),
             "tokens_per_s": tokens / step_s,
             "step_s": step_s,
             "step_s_all": [round(t, 4) for t in self.times],
-            "compile_s": self.compile_s,
             "peak_mem_bytes": self.peak_mem,
             "temp_mem_bytes": self.temp_mem,
             # medians over every run, warm-up included: CPU seconds in the kernel and in user
@@ -256,19 +297,27 @@ class StepCase:
 
 
 def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
-    """cfgs: [(name, cfg, compiler_options)]; all are timed round-robin with the peak between."""
+    """cfgs: [(name, cfg, compiler_options)]; all are timed round-robin with the peak between.
+
+    Each case's compile record is printed as soon as it is compiled, before any step is timed.
+    """
     cases = []
     for name, cfg, options in cfgs:
         batch_np = synthetic_batch(args.batch, args.length, cfg.model.vocab_size)
-        cases.append(StepCase(name, cfg, batch_np, options))
+        case = StepCase(name, cfg, batch_np, options)
+        emit(case.describe("train_step_compile", args.batch, args.length, args.length))
+        cases.append(case)
     for case in cases:
-        for _ in range(args.warmup):
+        for i in range(args.warmup):
+            start = time.perf_counter()
             case.run()
-    for _ in range(args.reps):
+            progress(f"{case.name}: warm-up step {i + 1}/{args.warmup} {_since(start)}")
+    for rep in range(args.reps):
         for case in cases:
             peak_name = "bf16" if case.cfg.model.dtype == "bfloat16" else "f32"
             p = peak.flops_per_s(peak_name, reps=3)
             t = case.run()
+            progress(f"{case.name}: timed step {rep + 1}/{args.reps} {t:.3f} s")
             case.times.append(t)
             case.mfus.append(case.flops / t / (p * case.chips))
             case.peaks.append(p)
@@ -383,15 +432,17 @@ def main(argv: list[str] | None = None) -> int:
         from tfm_jax import inference  # noqa: PLC0415
 
         inference.use_cpu_devices(args.cpu_devices)
+    progress(f"bench {' '.join(args.benches)}: JAX {jax.__version__} on {jax.devices()}")
+    peak = Peak(args.peak_n) if {"peak", "train_step"} & set(args.benches) else None
     if "peak" in args.benches:
-        emit(bench_peak(args.reps, args.peak_n))
+        emit(bench_peak(peak, args.reps))
     if "train_step" in args.benches:
-        peak = Peak(args.peak_n)
         cases = []
         for spec in specs:
             label = os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
             for text in args.variant or ["default:"]:
                 name, var_overrides, options = parse_variant(text)
+                progress(f"{label}/{name}: building the config")
                 cfg = build_config(spec, {**overrides, **var_overrides})
                 cases.append((f"{label}/{name}", cfg, options))
         for record in bench_train_step(cases, args, peak):
@@ -399,10 +450,13 @@ def main(argv: list[str] | None = None) -> int:
     if "decode" in args.benches:
         spec = args.config[0] if args.config else (None if args.workdir else specs[0])
         cfg = build_config(spec, dict(overrides), workdir=args.workdir)
+        progress(f"decode: beam 4 and greedy on {cfg.data.test_split} (each pass twice)")
         emit(bench_decode_record(cfg, args.decode_limit, args.workdir))
     if "input" in args.benches:
         spec = args.config[0] if args.config else "configs/small.py"
+        progress("input: pipeline batches/s, then the train step on a real batch")
         emit(bench_input_record(build_config(spec, dict(overrides)), args))
+    progress("bench done")
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The training loop: resume exactness after SIGKILL, NaN stop, averaging, corrupt fallback,
-the 2-process jax.distributed run (the CLI end to end: test_readme.py)."""
+"""The training loop: resume exactness after SIGKILL, NaN stop, averaging, corrupt fallback, one
+compilation (and one compile record) per batch shape, the 2-process jax.distributed run (the CLI
+end to end: test_readme.py)."""
 
 import json
 import os
@@ -113,6 +114,60 @@ def test_averaging_cli_equals_mean_of_inputs(corpus, tmp_path):
     avg = checkpoint.load_params(tmp_path, "averaged", abstract)
     for a, x, y in zip(*(jax.tree.leaves(t) for t in (avg, p4, p8)), strict=False):
         np.testing.assert_allclose(np.asarray(a), (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6)
+
+
+class ShapeRecorder:
+    """The run's train iterator, noting each batch's shape as train_loop keys its compilations."""
+
+    def __init__(self, inner):
+        self.inner, self.shapes = inner, []
+
+    def __next__(self):
+        batch = next(self.inner)
+        self.shapes.append(tuple(batch["inputs"].shape) + tuple(batch["targets"].shape))
+        return batch
+
+    def get_state(self):
+        return self.inner.get_state()
+
+
+class LowerOnly:
+    """A jitted step that may be lowered but not called: a call would compile behind our back."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+
+    def lower(self, *args):
+        return self.jitted.lower(*args)
+
+    def __call__(self, *args):
+        raise AssertionError("train_loop called the jitted step instead of its compiled one")
+
+
+def test_each_batch_shape_compiles_once_with_a_compile_record(corpus, tmp_path):
+    # length buckets (no packing): a few batch shapes, each of them coming more than once
+    overrides = {"data.packing": False, "data.num_buckets": 3, "train.num_steps": 16}
+    cfg = tiny_run_config(corpus, **overrides, **{"train.eval_every_steps": 1000})
+    run = loop.setup_run(cfg, str(tmp_path))
+    run.train_iter = recorder = ShapeRecorder(run.train_iter)
+    run.trainer.train_step_fn = LowerOnly(run.trainer.train_step_fn)
+    try:
+        loop.train_loop(run)
+    finally:
+        run.checkpointer.close()
+    shapes = recorder.shapes
+    assert len(shapes) == 16 and 1 < len(set(shapes)) < len(shapes), shapes
+
+    with open(tmp_path / "metrics.jsonl") as f:
+        compiles = [r for r in map(json.loads, f) if r["kind"] == "compile"]
+    first_step = {}
+    for step, shape in enumerate(shapes, start=1):
+        first_step.setdefault(shape, step)
+    # one record per distinct shape, at the step where that shape first came
+    assert len(compiles) == len(first_step)
+    assert {tuple(r["shape"]): r["step"] for r in compiles} == first_step
+    for r in compiles:
+        assert r["lower_s"] > 0 and r["compile_s"] > 0 and r["flops"] > 0, r
 
 
 def test_missing_data_folder_is_a_clear_message(tmp_path):

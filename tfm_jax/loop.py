@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from tfm_jax import checkpoint, data, hostenv, losses, optim, preemption, resume, sharding
-from tfm_jax.train import Trainer, TrainState, make_trainer
+from tfm_jax import checkpoint, data, losses, optim, preemption, resume, sharding
+from tfm_jax.platform.host import resident_bytes
+from tfm_jax.train import CompiledStep, Trainer, TrainState, make_trainer
 
 log = logging.getLogger(__name__)
 
@@ -120,18 +121,6 @@ def evaluate_perplexity(trainer: Trainer, params, batches) -> dict[str, float]:
     return losses.normalize_metrics(jax.device_get(total))
 
 
-def step_flops(trainer: Trainer, state: TrainState, batch) -> float:
-    """Model FLOPs of one train step from XLA's cost analysis of the lowered step (no compile)."""
-    try:
-        with trainer.context():
-            cost = trainer.train_step_fn.lower(state, batch).cost_analysis()
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost.get("flops", 0.0))
-    except Exception as e:  # cost analysis is best-effort metadata, never a reason to stop
-        log.warning("no FLOP count for the train step: %s", e)
-        return 0.0
-
-
 class MetricsWriter:
     """One JSON line per log step in <workdir>/metrics.jsonl, plus TensorBoard event files."""
 
@@ -193,6 +182,38 @@ class Progress:
             print(file=sys.stderr)
 
 
+def compile_for_shape(
+    trainer: Trainer, state: TrainState, batch, shape: tuple, step: int, writer: MetricsWriter
+) -> CompiledStep:
+    """Lowers and compiles the train step for a batch shape the run has not seen yet.
+
+    Compilation is explicit (not the jitted step's first call) so that its cost is a number in
+    the log and in metrics.jsonl: `{"kind": "compile", "step": the first step of this shape,
+    "shape": inputs' shape + targets' shape, "lower_s", "compile_s", "flops",
+    "compilation_cache"}`.
+    """
+    compiled = trainer.compile_train_step(state, batch)
+    log.info(
+        "compiled the train step for shape %s: lower %.1f s, compile %.1f s",
+        shape,
+        compiled.lower_s,
+        compiled.compile_s,
+    )
+    writer.write(
+        step,
+        "compile",
+        {
+            "shape": list(shape),
+            "lower_s": compiled.lower_s,
+            "compile_s": compiled.compile_s,
+            "flops": compiled.flops,
+            # with JAX's persistent cache (platform.compilation_cache), compile_s may be a read
+            "compilation_cache": jax.config.jax_compilation_cache_dir or None,
+        },
+    )
+    return compiled
+
+
 def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     """Trains run.state to num_steps (default cfg.train.num_steps); returns the last metrics.
 
@@ -209,7 +230,8 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
         cfg.optim.d_model, cfg.optim.warmup_steps, cfg.optim.lr_factor
     )
     config_json = cfg.to_json_best_effort()
-    flops_by_shape: dict[tuple, float] = {}
+    # one executable per batch shape, compiled when the shape first comes: nothing compiles twice
+    steps_by_shape: dict[tuple, CompiledStep] = {}
     state, step = run.state, run.start_step
     last_good = run.checkpointer.latest_step()
     acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
@@ -232,9 +254,14 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
             local = next(run.train_iter)
             shape = tuple(local["inputs"].shape) + tuple(local["targets"].shape)
             batch = sharding.global_batch(local, trainer.mesh)
-            if shape not in flops_by_shape:
-                flops_by_shape[shape] = step_flops(trainer, state, batch)
-            state, m = trainer.train_step(state, batch)
+            if shape not in steps_by_shape:
+                steps_by_shape[shape] = compile_for_shape(
+                    trainer, state, batch, shape, step + 1, writer
+                )
+                # throughput is of steps: the compile time is in its own record
+                t_log += steps_by_shape[shape].lower_s + steps_by_shape[shape].compile_s
+            compiled = steps_by_shape[shape]
+            state, m = compiled(state, batch)
             step += 1
             # device-side running sums: no host transfer except on log steps
             acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
@@ -243,14 +270,14 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
             )
             acc_slots += local["inputs"].size + local["targets"].size
             acc_steps += 1
-            acc_flops += flops_by_shape[shape]  # batches of different shapes differ
+            acc_flops += compiled.flops  # batches of different shapes differ
 
             if step % cfg.train.log_every_steps == 0 or step == num_steps:
                 check_finite(acc, step)
                 host = losses.normalize_metrics(jax.device_get(acc))
                 dt = time.time() - t_log
                 updates = step // cfg.optim.accumulate_steps
-                rss, peak_rss = hostenv.resident_bytes()
+                rss, peak_rss = resident_bytes()
                 metrics = {
                     **host,
                     "lr": float(schedule(max(updates - 1, 0))),

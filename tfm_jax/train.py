@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +17,10 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from tfm_jax import losses, optim, prng, sharding
+from tfm_jax import losses, optim, platform, prng, sharding
 from tfm_jax.transformer import Transformer
+
+log = logging.getLogger(__name__)
 
 Batch = dict[str, jax.Array]
 SEGMENT_KEYS = (
@@ -102,6 +106,40 @@ def eval_step(params, batch: Batch, *, model: Transformer, label_smoothing: floa
 
 
 @dataclasses.dataclass
+class CompiledStep:
+    """The train step lowered and compiled ahead of time for one batch shape, and what it cost.
+
+    Calling it runs the executable: same shardings and the same donated state buffers as
+    `Trainer.train_step_fn`, from the same HLO, so the same numbers.
+    """
+
+    executable: jax.stages.Compiled
+    flops: float  # one step, all devices; 0.0 where XLA gives no count
+    lower_s: float  # tracing + lowering to HLO
+    compile_s: float  # XLA's compilation alone
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        return self.executable(state, batch)
+
+
+def step_flops(lowered: jax.stages.Lowered, compiled: jax.stages.Compiled, devices: int) -> float:
+    """Model FLOPs of one step from XLA's cost analysis: the whole program's, before partitioning.
+
+    Lowered.cost_analysis is None where the backend is a PJRT plugin (CUDA): there the compiled
+    program's count is used, which is per device (the SPMD-partitioned program).
+    """
+    try:
+        cost, scale = lowered.cost_analysis(), 1
+        if cost is None:
+            cost, scale = compiled.cost_analysis(), devices
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+        return float(cost.get("flops", 0.0)) * scale
+    except Exception as e:  # noqa: BLE001  (metadata for logs, never a reason to stop)
+        log.warning("no FLOP count for the train step: %s", e)
+        return 0.0
+
+
+@dataclasses.dataclass
 class Trainer:
     """The model, optimizer and mesh of a run, with its jitted, sharded step functions."""
 
@@ -129,6 +167,28 @@ class Trainer:
     def train_step(self, state: TrainState, batch: Batch):
         with self.context():
             return self.train_step_fn(state, batch)
+
+    def compile_train_step(
+        self,
+        state: TrainState,
+        batch: Batch,
+        compiler_options: dict | None = None,
+        report: Callable[[str], None] = lambda message: None,
+    ) -> CompiledStep:
+        """Lowers and compiles train_step_fn for these arguments' shapes, timing each phase.
+
+        compiler_options: XLA options for this compilation (experiments/bench.py's variants).
+        report: told when lowering is done and XLA starts, which can take minutes.
+        """
+        with self.context():  # the logical-axis rules apply while tracing
+            start = time.perf_counter()
+            lowered = self.train_step_fn.lower(state, batch)
+            lowered_at = time.perf_counter()
+            report(f"lowered in {lowered_at - start:.1f} s; compiling")
+            compiled = lowered.compile(compiler_options=compiler_options or None)
+            done = time.perf_counter()
+        flops = step_flops(lowered, compiled, self.mesh.devices.size)
+        return CompiledStep(compiled, flops, lowered_at - start, done - lowered_at)
 
     def eval_step(self, params, batch: Batch):
         with self.context():
@@ -174,7 +234,7 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
         tx=tx,
         label_smoothing=cfg.loss.label_smoothing,
         nan_at_step=cfg.train.nan_at_step,
-        dropout_prng=cfg.train.dropout_prng,
+        dropout_prng=platform.dropout_prng(cfg.train.dropout_prng),
     )
     train_step_fn = jax.jit(
         step,
