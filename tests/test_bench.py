@@ -1,8 +1,10 @@
-"""experiments/bench.py runs and prints valid JSON on a micro config (speed targets live in
-experiments/results/bench.md, not in assertions)."""
+"""experiments/bench.py runs and prints valid JSON on a micro config, and experiments/gpu_check.sh
+runs end to end in its CPU mode (speed targets live in experiments/results/bench.md, not in
+assertions)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -10,6 +12,7 @@ import pytest
 from conftest import REPO, SHARED_DATA
 
 BENCH = os.path.join(REPO, "experiments", "bench.py")
+GPU_CHECK = os.path.join(REPO, "experiments", "gpu_check.sh")
 MICRO = [
     "--config=configs/small.py",
     "--config.model.vocab_size=64",
@@ -47,8 +50,13 @@ def test_peak_and_train_step_variants():
     for name, dtype in (("small/f32", "float32"), ("small/bf16", "bfloat16")):
         r = out[("train_step", name)]
         assert r["dtype"] == dtype
-        for key in ("tokens_per_s", "step_s", "compile_s", "peak_mem_bytes", "model_flops", "mfu"):
+        for key in ("tokens_per_s", "step_s", "lower_s", "compile_s", "peak_mem_bytes",
+                    "model_flops", "mfu"):  # fmt: skip
             assert r[key] > 0, key
+        assert r["backend"] == "cpu" and r["d_model"] == r["model"]["d_model"] == 32
+        # the compile record, printed before any step was timed, has the same times
+        compiled = out[("train_step_compile", name)]
+        assert (compiled["lower_s"], compiled["compile_s"]) == (r["lower_s"], r["compile_s"])
         assert r["target_tokens"] == 64
         assert r["tokens_per_s"] == pytest.approx(64 / r["step_s"])
         assert r["model_flops"] >= r["matmul_flops_analytic"] * 0.9  # cost analysis sees all dots
@@ -95,3 +103,59 @@ def test_input_bench_adds_train_rate():
     assert r["pipeline_over_train"] == pytest.approx(
         r["pipeline_batches_per_s"] / r["train_batches_per_s"]
     )
+
+
+TRAIN_STEP_FIELDS = ("backend", "d_model", "num_layers", "d_ff", "num_heads", "vocab_size",
+                     "lower_s", "compile_s", "step_s", "tokens_per_s", "mfu")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="needs shared Multi30k"
+)
+def test_gpu_check_cpu_mode_end_to_end(tmp_path):
+    """The GPU check's every step at tiny shapes: each line it writes parses and has its fields,
+    and its progress lines are stamped from one start."""
+    results = tmp_path / "gpu_check.jsonl"
+    env = {**os.environ, "GPU_CHECK_MODE": "cpu", "GPU_CHECK_OUT": str(results),
+           "GPU_CHECK_WORK": str(tmp_path / "work"), "PYTHON": sys.executable}  # fmt: skip
+    for name in ("XLA_FLAGS", "BENCH_T0", "GPU_CHECK_BUDGET_S", "GPU_CHECK_DATA"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        ["bash", GPU_CHECK], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = results.read_text().splitlines()
+    assert proc.stdout.splitlines() == lines  # each line printed as it was written
+    records = [json.loads(line) for line in lines]
+    assert [r["bench"] for r in records] == [
+        "gpu_check_start", "peak", "train_step_compile", "train_step", "train_step_compile",
+        "train_step", "quickstart", "decode", "train_step_compile", "train_step", "gpu_check",
+    ]  # fmt: skip
+
+    steps = [r for r in records if r["bench"] == "train_step"]
+    assert [r["variant"] for r in steps] == ["base/default", "big/default", "base/default"]
+    assert [r["scan_layers"] for r in steps] == [False, False, True]
+    for r in steps:
+        for key in TRAIN_STEP_FIELDS:
+            assert r[key], (r["variant"], key)
+        assert r["dtype"] == "bfloat16" and r["target_tokens"] == 16 * 16
+    quickstart = next(r for r in records if r["bench"] == "quickstart")
+    assert quickstart["ok"] and quickstart["train_steps"] == 12, quickstart
+    assert isinstance(quickstart["bleu"], float)
+    assert len(quickstart["compile"]) == 1 and quickstart["compile"][0]["compile_s"] > 0
+    decode = next(r for r in records if r["bench"] == "decode")
+    assert "error" not in decode and decode["beam4_sentences_per_s"] > 0, decode
+    assert decode["checkpoint"] == "averaged"
+    assert records[-1]["failed"] == 0
+
+    # progress on stderr: the script's steps and bench.py's phases, stamped from one start
+    stamped = re.findall(r"^\[\+(\d+\.\d)s\] (.*)$", proc.stderr, re.M)
+    messages = "\n".join(m for _, m in stamped)
+    for text in ("base bf16 train step: up to", "base/default: lowering the train step",
+                 "base/default: lowered in", "base/default: compiled in",
+                 "base/default: timed step 2/2", "big bf16 train step: done", "quickstart: done",
+                 "beam-4 decode: done"):  # fmt: skip
+        assert text in messages, text
+    times = [float(t) for t, _ in stamped]
+    assert times == sorted(times)
