@@ -43,12 +43,14 @@ def run(mesh, cfg, steps=3):
 def main():
     assert jax.device_count() == 8, jax.devices()
     results = {}
-    for name, model_axis, dtype in (
-        ("model1", 1, "float32"),
-        ("model2", 2, "float32"),
-        ("bf16_model2", 2, "bfloat16"),
+    for name, model_axis, dtype, scan in (
+        ("model1", 1, "float32", False),
+        ("model2", 2, "float32", False),
+        ("bf16_model2", 2, "bfloat16", False),
+        ("scan_model2", 2, "float32", True),  # params stacked on a "layers" axis
     ):
-        cfg = tiny_config(**{"model.dropout": 0.1, "model.dtype": dtype})
+        cfg = tiny_config(**{"model.dropout": 0.1, "model.dtype": dtype,
+                             "model.scan_layers": scan})  # fmt: skip
         one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
         eight = sharding.make_mesh(8 // model_axis, model_axis)
         l1, p1, _ = run(one, cfg)

@@ -37,6 +37,8 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.model.norm = "post"  # §3.1; "pre" is the later Pre-LN variant
     cfg.model.max_len = 256  # position table size; >= data.max_len and decode lengths
     cfg.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
+    # nn.scan over each stack's layers (one compiled layer body, params stacked on "layers")
+    cfg.model.scan_layers = False
 
     cfg.optim = ml_collections.ConfigDict()
     cfg.optim.d_model = cfg.model.get_ref(
@@ -61,8 +63,9 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.train.seed = 0
     # Dropout masks: "threefry_fused" draws JAX's default threefry bits, fused (fast on CPU;
     # tfm_jax/prng.py); "threefry" is JAX's own lowering of the same bits; "rbg"/"unsafe_rbg"
-    # are XLA's RngBitGenerator (other bits).
-    cfg.train.dropout_prng = "threefry_fused"
+    # are XLA's RngBitGenerator (other bits). "auto": the platform seam picks between the two
+    # threefry ones (tfm_jax/platform), so the numbers are the same on every backend.
+    cfg.train.dropout_prng = "auto"
     cfg.train.log_every_steps = 100
     cfg.train.eval_every_steps = 5000
     cfg.train.checkpoint_every_steps = 0  # 0 = only by wall clock
@@ -95,7 +98,16 @@ def default_config() -> ml_collections.ConfigDict:
         ("embed", None),
         ("kv", None),
         ("length", None),
+        ("layers", None),  # the stacked-layers axis of model.scan_layers
     )
+
+    # Backend-specific choices, resolved by tfm_jax/platform's init_runtime.
+    cfg.platform = ml_collections.ConfigDict()
+    # bf16 x bf16 -> f32 products: "auto" (CPU: "cpu_canonical", YNNPACK's layout; else
+    # "einsum"), or either explicitly.
+    cfg.platform.product = "auto"
+    # JAX's persistent compilation cache: "auto" (~/.cache/tfm_jax/xla), a folder, or "" (off).
+    cfg.platform.compilation_cache = "auto"
 
     # Filled in by the entry points (tfm_jax/paths.py), not by users: local paths in the config
     # are made absolute once, and the run records what was typed and where it was started from.
@@ -361,10 +373,15 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"model.norm={m.norm!r}: use 'post' (the paper) or 'pre'")
     if m.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype={m.dtype!r}: use 'float32' or 'bfloat16'")
-    if cfg.train.dropout_prng not in ("threefry_fused", "threefry", "rbg", "unsafe_rbg"):
+    if cfg.train.dropout_prng not in ("auto", "threefry_fused", "threefry", "rbg", "unsafe_rbg"):
         raise ConfigError(
-            f"train.dropout_prng={cfg.train.dropout_prng!r}: use 'threefry_fused' (default), "
-            "'threefry', 'rbg' or 'unsafe_rbg'"
+            f"train.dropout_prng={cfg.train.dropout_prng!r}: use 'auto' (default), "
+            "'threefry_fused', 'threefry', 'rbg' or 'unsafe_rbg'"
+        )
+    if "platform" in cfg and cfg.platform.product not in ("auto", "einsum", "cpu_canonical"):
+        raise ConfigError(
+            f"platform.product={cfg.platform.product!r}: use 'auto' (default), 'einsum' or "
+            "'cpu_canonical'"
         )
     if cfg.data.max_len > m.max_len:
         raise ConfigError(

@@ -34,8 +34,9 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from tfm_jax import checkpoint, data, decode, evaluate, losses, paths, train
+from tfm_jax import checkpoint, data, decode, evaluate, losses, paths, platform, train, transformer
 from tfm_jax.data.tokenizer import Tokenizer
+from tfm_jax.platform import cpu
 from tfm_jax.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -112,7 +113,10 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
 def load_for_inference(
     workdir: str, which: str | int, cfg: ml_collections.ConfigDict
 ) -> tuple[Transformer, Any, Tokenizer]:
-    """(model, params, tokenizer) of `which` checkpoint: "averaged", "latest" or a step."""
+    """(model, params, tokenizer) of `which` checkpoint: "averaged", "latest" or a step.
+
+    A run trained with model.scan_layers comes back unrolled (the decoder's cache is per layer).
+    """
     check_workdir(workdir)
     trainer = train.make_trainer(cfg)
     try:
@@ -127,6 +131,9 @@ def load_for_inference(
             f"the vocabulary has {tokenizer.vocab_size} pieces but model.vocab_size is "
             f"{cfg.model.vocab_size}; this vocabulary belongs to another run"
         )
+    if cfg.model.scan_layers:
+        model = trainer.model.clone(scan_layers=False)
+        return model, transformer.unstack_layers(params, cfg.model.num_layers), tokenizer
     return trainer.model, params, tokenizer
 
 
@@ -502,31 +509,9 @@ def _user_errors():
     )
 
 
-MAX_AUTO_CPU_DEVICES = 4  # each device compiles every batch shape once more
-
-
 def use_cpu_devices(n: int | None) -> None:
-    """Splits a CPU host into n JAX devices, so translate_ids decodes n batches at once.
-
-    XLA:CPU runs one program at a time per device, and a decoding step's many small ops (top-k,
-    cache reorder, attention over a few keys) keep about one core busy; with one device per core
-    the cores decode different batches instead. Measured on the 2-core machine, quickstart
-    model, beam 4: 1.48x the sentences/s of one device, same outputs. None: one device per core,
-    at most MAX_AUTO_CPU_DEVICES; 1 leaves JAX's default. Only the CPU platform is affected (a GPU
-    or TPU host decodes on its accelerators), JAX_NUM_CPU_DEVICES in the environment wins, and
-    it must run before JAX initializes its backends.
-    """
-    if "JAX_NUM_CPU_DEVICES" in os.environ or "device_count" in os.environ.get("XLA_FLAGS", ""):
-        return
-    if n is None:
-        n = min(os.cpu_count() or 1, MAX_AUTO_CPU_DEVICES)
-    if n > 1:
-        try:
-            jax.config.update("jax_num_cpu_devices", n)
-        except RuntimeError:  # JAX already running in this process (e.g. called from a test)
-            logging.info(
-                "JAX backends already initialized; keeping %d device(s)", jax.device_count()
-            )
+    """Splits a CPU host into n JAX devices for decoding (platform/cpu.py); before JAX starts."""
+    platform.init_runtime(None, cpu_devices=n)
 
 
 def _cli(fn):
@@ -561,6 +546,7 @@ def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any
         cfg = build_config(args.config, dict(overrides), workdir=args.workdir)
     except checkpoint.CheckpointNotFoundError as e:
         raise InferenceError(f"{e} ({_checkpoint_names(args.workdir)})") from None
+    platform.init_runtime(cfg, cpu_devices=args.cpu_devices)  # the run's platform settings
     model, params, tokenizer = load_for_inference(args.workdir, which, cfg)
     return cfg, model, params, tokenizer, which
 
@@ -662,7 +648,7 @@ def add_commands(subparsers) -> None:
             type=int,
             default=None,
             help="CPU hosts: decode this many batches at once, one per JAX CPU device "
-            f"(default: one per core, at most {MAX_AUTO_CPU_DEVICES}; 1 = one device)",
+            f"(default: one per core, at most {cpu.MAX_AUTO_CPU_DEVICES}; 1 = one device)",
         )
 
     p = subparsers.add_parser("translate", help="translate lines of text (stdin -> stdout)")

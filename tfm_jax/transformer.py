@@ -156,6 +156,67 @@ class DecoderLayer(_Layer):
         return nn.with_logical_constraint(y, ("batch", "length", "embed"))
 
 
+class _ScannedEncoderLayer(_Layer):
+    """One step of `nn.scan` over the encoder layers: (x, broadcast inputs) -> (x, None)."""
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array, deterministic: bool):
+        layer = EncoderLayer(**_layer_fields(self), name="layer")
+        return layer(x, mask, deterministic=deterministic), None
+
+
+class _ScannedDecoderLayer(_Layer):
+    """One step of `nn.scan` over the decoder layers (teacher forcing only, no cache)."""
+
+    @nn.compact
+    def __call__(self, y, encoded, self_mask, cross_mask, deterministic: bool):
+        layer = DecoderLayer(**_layer_fields(self), name="layer")
+        y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=False)
+        return y, None
+
+
+def _layer_fields(module: _Layer) -> dict:
+    names = ("d_model", "d_ff", "num_heads", "d_k", "d_v", "dropout", "attention_dropout", "norm",
+             "dtype")  # fmt: skip
+    return {f: getattr(module, f) for f in names}
+
+
+def _scan(layer_cls, num_layers: int, num_broadcast: int):
+    """`layer_cls` applied num_layers times as one loop: params stacked on a leading "layers"
+    axis, each layer its own init and dropout rngs (nn.scan)."""
+    return nn.scan(
+        layer_cls,
+        variable_axes={"params": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * num_broadcast,
+        length=num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+
+
+def unstack_layers(params: dict, num_layers: int) -> dict:
+    """Params of a `scan_layers=True` model -> those of the same model unrolled (encoder_0, ...).
+
+    Incremental decoding (and anything else that wants one layer at a time) runs the unrolled
+    model on these; the numbers are the same.
+    """
+    params = dict(params)
+    for stack in ("encoder", "decoder"):
+        stacked = params.pop(stack)["layer"]
+        for i in range(num_layers):
+            params[f"{stack}_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+    return params
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+    """The inverse of `unstack_layers`: unrolled params -> those of a `scan_layers=True` model."""
+    params = dict(params)
+    for stack in ("encoder", "decoder"):
+        layers = [params.pop(f"{stack}_{i}") for i in range(num_layers)]
+        params[stack] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+    return params
+
+
 def shift_right(targets: Array, positions: Array | None = None) -> Array:
     """Decoder inputs <bos> y1 .. y_{n-1} from targets y1 .. y_n <eos> (labels stay unshifted).
 
@@ -187,6 +248,10 @@ class Transformer(nn.Module):
     norm: str = "post"  # §3.1 post-LN; "pre" is the later Pre-LN variant
     max_len: int = 256  # size of the position table: longest source/target sequence
     dtype: str = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
+    # One nn.scan over each stack's layers instead of N copies: XLA compiles one layer's body
+    # (params stacked on a leading "layers" axis). Teacher forcing only; incremental decoding
+    # runs the unrolled model on `unstack_layers(params)`.
+    scan_layers: bool = False
 
     def setup(self):
         if self.positional not in POSITIONALS:
@@ -204,12 +269,20 @@ class Transformer(nn.Module):
         self.embed = SharedEmbedding(self.vocab_size, self.d_model, dtype=dtype)
         self.src_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
         self.tgt_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
-        self.encoder_layers = [
-            EncoderLayer(**layer_kw, name=f"encoder_{i}") for i in range(self.num_layers)
-        ]
-        self.decoder_layers = [
-            DecoderLayer(**layer_kw, name=f"decoder_{i}") for i in range(self.num_layers)
-        ]
+        if self.scan_layers:
+            self.encoder_stack = _scan(_ScannedEncoderLayer, self.num_layers, 2)(
+                **layer_kw, name="encoder"
+            )
+            self.decoder_stack = _scan(_ScannedDecoderLayer, self.num_layers, 4)(
+                **layer_kw, name="decoder"
+            )
+        else:
+            self.encoder_layers = [
+                EncoderLayer(**layer_kw, name=f"encoder_{i}") for i in range(self.num_layers)
+            ]
+            self.decoder_layers = [
+                DecoderLayer(**layer_kw, name=f"decoder_{i}") for i in range(self.num_layers)
+            ]
         self.embed_dropout = nn.Dropout(self.dropout)
         if self.norm == "pre":
             self.encoder_norm = nn.LayerNorm(epsilon=1e-6, dtype=dtype)
@@ -231,8 +304,11 @@ class Transformer(nn.Module):
         x = self.src_pos(self.embed(inputs), inputs_position)
         x = self.embed_dropout(x, deterministic=deterministic)
         x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
-        for layer in self.encoder_layers:
-            x = layer(x, mask, deterministic=deterministic)
+        if self.scan_layers:
+            x, _ = self.encoder_stack(x, mask, deterministic)
+        else:
+            for layer in self.encoder_layers:
+                x = layer(x, mask, deterministic=deterministic)
         if self.norm == "pre":
             x = self.encoder_norm(x)
         return x
@@ -256,6 +332,11 @@ class Transformer(nn.Module):
         cache.
         """
         src_valid = inputs != PAD_ID
+        if decode and self.scan_layers:
+            raise ValueError(
+                "model.scan_layers: incremental decoding runs the unrolled model; build it with "
+                "scan_layers=False and params from transformer.unstack_layers(params, num_layers)"
+            )
         if decode:
             self_mask = None  # the cache builds the causal mask from its index
             cross_mask = jnp.broadcast_to(
@@ -272,8 +353,13 @@ class Transformer(nn.Module):
         y = self.tgt_pos(self.embed(decoder_inputs), targets_position, decode=decode)
         y = self.embed_dropout(y, deterministic=deterministic)
         y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
-        for layer in self.decoder_layers:
-            y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode)
+        if self.scan_layers:
+            y, _ = self.decoder_stack(y, encoded, self_mask, cross_mask, deterministic)
+        else:
+            for layer in self.decoder_layers:
+                y = layer(
+                    y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode
+                )
         if self.norm == "pre":
             y = self.decoder_norm(y)
         logits = self.embed.attend(y)  # §3.4 tied pre-softmax projection
