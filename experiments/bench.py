@@ -70,7 +70,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tfm_jax import paths, sharding, train  # noqa: E402
-from tfm_jax.__main__ import build_config, split_overrides  # noqa: E402
+from tfm_jax.overrides import build_config, split_overrides  # noqa: E402
 
 
 def emit(record: dict) -> None:
@@ -429,9 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = parse_args(list(sys.argv[1:] if argv is None else argv))
     specs = args.config or list(DEFAULT_CONFIGS)
     if args.benches == ["decode"]:  # the evaluate/translate CLI's default; the step benches: 1
-        from tfm_jax import inference  # noqa: PLC0415
+        from tfm_jax import platform  # noqa: PLC0415
 
-        inference.use_cpu_devices(args.cpu_devices)
+        platform.init_runtime(None, cpu_devices=args.cpu_devices)
     progress(f"bench {' '.join(args.benches)}: JAX {jax.__version__} on {jax.devices()}")
     peak = Peak(args.peak_n) if {"peak", "train_step"} & set(args.benches) else None
     if "peak" in args.benches:

@@ -19,7 +19,7 @@ import time
 import jax
 import ml_collections
 
-from tfm_jax import data, inference, paths, train
+from tfm_jax import data, inference, paths, platform, train
 
 
 def _timed(fn):
@@ -80,7 +80,7 @@ def bench_decode(
 
 
 def main(argv=None) -> int:
-    from tfm_jax.__main__ import build_config, split_overrides
+    from tfm_jax.overrides import build_config, split_overrides
 
     argv, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
     parser = argparse.ArgumentParser(description=__doc__)
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu_devices", type=int, default=None, help="as `evaluate`'s")
     args = parser.parse_args(argv)
     paths.resolve_args(args)
-    inference.use_cpu_devices(args.cpu_devices)
+    platform.init_runtime(None, cpu_devices=args.cpu_devices)
     spec = args.config or (None if args.workdir else "configs/small.py")
     cfg = build_config(spec, overrides, workdir=args.workdir)
     print(json.dumps(bench_decode(cfg, args.workdir, args.limit)))

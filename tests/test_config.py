@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from tfm_jax import config as config_lib
-from tfm_jax.__main__ import build_config, main
+from tfm_jax.__main__ import main
+from tfm_jax.overrides import build_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -16,9 +16,9 @@ import pytest
 from conftest import REPO, tiny_config
 from jax import lax
 
-from tfm_jax import checkpoint, data, decode, inference, train
-from tfm_jax.__main__ import split_overrides
+from tfm_jax import checkpoint, data, decode, inference, inference_cli, train
 from tfm_jax.attention_plot import capture_attention
+from tfm_jax.overrides import split_overrides
 from tfm_jax.transformer import Transformer
 from tfm_jax.vocab_ids import EOS_ID
 
@@ -168,7 +168,7 @@ def cli(argv, monkeypatch=None, stdin=None):
     """Runs a command as `python -m tfm_jax ...` would once __main__ calls add_commands."""
     argv, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser()
-    inference.add_commands(parser.add_subparsers(dest="command", required=True))
+    inference_cli.add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     if stdin is not None:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))

@@ -21,6 +21,7 @@ import os  # noqa: E402
 
 from tfm_jax import config as config_lib  # noqa: E402
 from tfm_jax import paths, platform  # noqa: E402
+from tfm_jax.overrides import build_config, split_overrides  # noqa: E402
 
 
 def _user_facing_errors() -> tuple[type[BaseException], ...]:
@@ -35,44 +36,6 @@ def _user_facing_errors() -> tuple[type[BaseException], ...]:
         loop.NonFiniteLossError,
         FileNotFoundError,
     )
-
-
-def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Pulls `--config.a.b=v` (or `--config.a.b v`) out of argv; returns (rest, {"a.b": "v"})."""
-    rest, overrides = [], {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith("--config."):
-            key, eq, value = arg[len("--config.") :].partition("=")
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise config_lib.ConfigError(f"{arg} needs a value: {arg}=VALUE")
-                value = argv[i + 1]
-                i += 1
-            overrides[key] = value
-        else:
-            rest.append(arg)
-        i += 1
-    return rest, overrides
-
-
-def build_config(spec: str | None, overrides: dict[str, str], workdir: str | None = None):
-    """--config file (or the workdir's saved config) + typed overrides, validated and locked."""
-    if spec:
-        cfg = config_lib.load_config_file(spec)
-    elif workdir:
-        from tfm_jax import checkpoint
-
-        cfg = config_lib.config_from_json(checkpoint.read_config_json(workdir))
-    else:
-        raise config_lib.ConfigError("give --config=configs/<file>.py (or --workdir of a run)")
-    for key, text in overrides.items():
-        config_lib.apply_overrides(cfg, {key: config_lib.parse_override_value(cfg, key, text)})
-    paths.resolve_config_paths(cfg)
-    cfg.lock()
-    config_lib.validate(cfg)
-    return cfg
 
 
 def cmd_params(args, overrides) -> int:
@@ -194,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", default=None, help="default: <workdir>/learning_curves.png")
         p.set_defaults(fn=cmd_plot)
 
-        from tfm_jax import inference  # translate, evaluate, attention
+        from tfm_jax import inference_cli  # translate, evaluate, attention
 
-        inference.add_commands(sub)
+        inference_cli.add_commands(sub)
 
         args = parser.parse_args(argv)
         paths.resolve_args(args)  # once, here: every command below sees absolute local paths

@@ -1,4 +1,6 @@
-"""§6.1 inference: load a run's params, translate text in batches, evaluate a split, CLI commands.
+"""§6.1 inference: load a run's params, translate text in batches, evaluate a split.
+
+The commands that call these live in inference_cli.py.
 
 Decoding batches are shaped for few compilations: sentences are sorted by length, the source
 length is rounded up to a multiple of SRC_LEN_MULTIPLE, and each length bucket is cut into
@@ -17,13 +19,11 @@ model no test sentence needed the second pass at 12 and beam-4 ran 1.28x faster.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import glob
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -34,9 +34,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from tfm_jax import checkpoint, data, decode, evaluate, losses, paths, platform, train, transformer
+from tfm_jax import checkpoint, data, decode, evaluate, losses, train, transformer
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.platform import cpu
 from tfm_jax.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
 
@@ -492,203 +491,3 @@ def evaluate_split(
     with open(os.path.join(out_dir, "scores.json"), "w") as f:
         json.dump(scores, f, indent=2)
     return scores
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def _user_errors():
-    from tfm_jax.config import ConfigError
-
-    return (
-        InferenceError,
-        checkpoint.CheckpointNotFoundError,
-        checkpoint.CheckpointRestoreError,
-        data.DataError,
-        ConfigError,
-    )
-
-
-def use_cpu_devices(n: int | None) -> None:
-    """Splits a CPU host into n JAX devices for decoding (platform/cpu.py); before JAX starts."""
-    platform.init_runtime(None, cpu_devices=n)
-
-
-def _cli(fn):
-    """Prints a user error as one line on stderr (exit 1; config errors 2) instead of a trace."""
-
-    @functools.wraps(fn)
-    def wrapper(args, overrides: dict[str, str]) -> int:
-        from tfm_jax.config import ConfigError
-
-        if args.cpu_devices is not None and args.cpu_devices < 1:
-            print(f"error: --cpu_devices={args.cpu_devices}; give a count >= 1", file=sys.stderr)
-            return 1
-        use_cpu_devices(args.cpu_devices)
-        try:
-            return fn(args, overrides)
-        except ConfigError as e:
-            print(f"config error: {e}", file=sys.stderr)
-            return 2
-        except _user_errors() as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-
-    return wrapper
-
-
-def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any, Tokenizer, str]:
-    from tfm_jax.__main__ import build_config
-
-    check_workdir(args.workdir)
-    which = args.checkpoint or default_checkpoint(args.workdir)
-    try:
-        cfg = build_config(args.config, dict(overrides), workdir=args.workdir)
-    except checkpoint.CheckpointNotFoundError as e:
-        raise InferenceError(f"{e} ({_checkpoint_names(args.workdir)})") from None
-    platform.init_runtime(cfg, cpu_devices=args.cpu_devices)  # the run's platform settings
-    model, params, tokenizer = load_for_inference(args.workdir, which, cfg)
-    return cfg, model, params, tokenizer, which
-
-
-def _read_lines(path: str | None) -> list[str]:
-    if path and not os.path.isfile(path):
-        raise InferenceError(f"input file {path!r} does not exist")
-    if path:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    else:
-        text = sys.stdin.read()
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline ends the last line; it is not an empty line
-    return lines
-
-
-@_cli
-def cmd_translate(args, overrides: dict[str, str]) -> int:
-    """Translates lines of --input (or stdin) to --output (or stdout), in order."""
-    if args.input and not os.path.isfile(args.input):
-        raise InferenceError(f"input file {args.input!r} does not exist")
-    cfg, model, params, tokenizer, _ = _setup(args, overrides)
-    lines = _read_lines(args.input)
-    hyps = translate_texts(cfg, model, params, tokenizer, lines, greedy=args.greedy)
-    text = "".join(h + "\n" for h in hyps)
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    return 0
-
-
-def _parse_floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise InferenceError(f"--alphas={text!r}: expected comma-separated numbers") from None
-
-
-@_cli
-def cmd_evaluate(args, overrides: dict[str, str]) -> int:
-    """BLEU, chrF, tokenized BLEU and perplexity on a split; scores.json, JSON printed last."""
-    cfg, model, params, tokenizer, which = _setup(args, overrides)
-    alphas = _parse_floats(args.alphas) if args.alphas else None
-    scores = evaluate_split(
-        cfg,
-        model,
-        params,
-        tokenizer,
-        args.split,
-        workdir=args.workdir,
-        alphas=alphas,
-        out_dir=args.out,
-        checkpoint_name=which,
-        greedy=args.greedy,
-    )
-    print(json.dumps(scores))
-    return 0
-
-
-@_cli
-def cmd_attention(args, overrides: dict[str, str]) -> int:
-    """PNG heatmaps of encoder self-, decoder self- and encoder-decoder attention."""
-    from tfm_jax import attention_plot
-
-    cfg, model, params, tokenizer, _ = _setup(args, overrides)
-    out_dir = args.out or os.path.join(args.workdir, "attention")
-    files = attention_plot.plot_sentence(
-        cfg,
-        model,
-        params,
-        tokenizer,
-        args.text,
-        out_dir=out_dir,
-        layers=attention_plot.parse_indices(args.layers, cfg.model.num_layers, "--layers"),
-        heads=attention_plot.parse_indices(args.heads, cfg.model.num_heads, "--heads"),
-    )
-    print(json.dumps({"files": files}))
-    return 0
-
-
-def add_commands(subparsers) -> None:
-    """Registers `translate`, `evaluate` and `attention` on an argparse subparsers object."""
-
-    def common(p):
-        p.add_argument("--workdir", required=True, help="a training run's directory")
-        p.add_argument("--config", default=None, help="default: the config the run saved")
-        p.add_argument(
-            "--checkpoint",
-            default=None,
-            help='"averaged", "latest" or a step (default: averaged if it exists, else latest)',
-        )
-        p.add_argument(
-            "--cpu_devices",
-            type=int,
-            default=None,
-            help="CPU hosts: decode this many batches at once, one per JAX CPU device "
-            f"(default: one per core, at most {cpu.MAX_AUTO_CPU_DEVICES}; 1 = one device)",
-        )
-
-    p = subparsers.add_parser("translate", help="translate lines of text (stdin -> stdout)")
-    common(p)
-    p.add_argument("--input", default=None, help="text file, one sentence a line (default stdin)")
-    p.add_argument("--output", default=None, help="default stdout")
-    p.add_argument("--greedy", action="store_true", help="argmax decoding instead of beam search")
-    p.set_defaults(fn=cmd_translate)
-
-    p = subparsers.add_parser("evaluate", help="BLEU / chrF / perplexity of a split")
-    common(p)
-    p.add_argument(
-        "--split", required=True, help='"validation", "test" (the config\'s) or a split name'
-    )
-    p.add_argument("--alphas", default=None, help="comma-separated length penalties to compare")
-    p.add_argument("--out", default=None, help="default <workdir>/eval/<checkpoint>")
-    p.add_argument("--greedy", action="store_true")
-    p.set_defaults(fn=cmd_evaluate)
-
-    p = subparsers.add_parser("attention", help="attention heatmaps for one sentence")
-    common(p)
-    p.add_argument("--text", required=True, help="the source sentence")
-    p.add_argument("--layers", default="0,-1", help='layer indices ("0,-1") or "all"')
-    p.add_argument("--heads", default="all", help='head indices ("0,1") or "all"')
-    p.add_argument("--out", default=None, help="default <workdir>/attention")
-    p.set_defaults(fn=cmd_attention)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (the package CLI registers the same commands via add_commands)."""
-    from tfm_jax.__main__ import split_overrides
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    argv, overrides = split_overrides(argv)
-    parser = argparse.ArgumentParser(prog="python -m tfm_jax.inference")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    paths.resolve_args(args)
-    return args.fn(args, overrides)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
