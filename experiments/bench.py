@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.benches == ["decode"]:  # the evaluate/translate CLI's default; the step benches: 1
         from tfm_jax import platform  # noqa: PLC0415
 
-        platform.init_runtime(None, cpu_devices=args.cpu_devices)
+        platform.split_cpu_devices(args.cpu_devices)
     progress(f"bench {' '.join(args.benches)}: JAX {jax.__version__} on {jax.devices()}")
     peak = Peak(args.peak_n) if {"peak", "train_step"} & set(args.benches) else None
     if "peak" in args.benches:

@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu_devices", type=int, default=None, help="as `evaluate`'s")
     args = parser.parse_args(argv)
     paths.resolve_args(args)
-    platform.init_runtime(None, cpu_devices=args.cpu_devices)
+    platform.split_cpu_devices(args.cpu_devices)
     spec = args.config or (None if args.workdir else "configs/small.py")
     cfg = build_config(spec, overrides, workdir=args.workdir)
     print(json.dumps(bench_decode(cfg, args.workdir, args.limit)))

@@ -85,7 +85,7 @@ def cmd_train(args, overrides) -> int:
             file=sys.stderr,
             flush=True,
         )
-        return preemption.EXIT_CODES[getattr(preemption.signal, metrics["stopped_by"])]
+        return preemption.EXIT_CODES[metrics["stopped_by"]]
     return 0
 
 

@@ -39,11 +39,6 @@ def _user_errors():
     )
 
 
-def use_cpu_devices(n: int | None) -> None:
-    """Splits a CPU host into n JAX devices for decoding (platform/cpu.py); before JAX starts."""
-    platform.init_runtime(None, cpu_devices=n)
-
-
 def _cli(fn):
     """Prints a user error as one line on stderr (exit 1; config errors 2) instead of a trace."""
 
@@ -52,7 +47,7 @@ def _cli(fn):
         if args.cpu_devices is not None and args.cpu_devices < 1:
             print(f"error: --cpu_devices={args.cpu_devices}; give a count >= 1", file=sys.stderr)
             return 1
-        use_cpu_devices(args.cpu_devices)
+        platform.split_cpu_devices(args.cpu_devices)  # before JAX starts
         try:
             return fn(args, overrides)
         except ConfigError as e:
@@ -72,7 +67,7 @@ def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any
         cfg = build_config(args.config, dict(overrides), workdir=args.workdir)
     except checkpoint.CheckpointNotFoundError as e:
         raise InferenceError(f"{e} ({_checkpoint_names(args.workdir)})") from None
-    platform.init_runtime(cfg, cpu_devices=args.cpu_devices)  # the run's platform settings
+    platform.init_runtime(cfg)  # the run's platform settings
     model, params, tokenizer = load_for_inference(args.workdir, which, cfg)
     return cfg, model, params, tokenizer, which
 

@@ -21,7 +21,7 @@ import threading
 
 import jax
 
-EXIT_CODES = {signal.SIGTERM: 0, signal.SIGINT: 130}  # SIGTERM: the run did what it was asked
+EXIT_CODES = {"SIGTERM": 0, "SIGINT": 130}  # by signal name; SIGTERM: the run did as asked
 
 
 class StopRequest:

@@ -54,7 +54,6 @@ class Runtime:
 
 
 _product_name: str = "auto"  # set by init_runtime; "auto" resolves on first use
-_runtime: Runtime | None = None
 
 
 def _resolve_product(name: str) -> str:
@@ -97,6 +96,7 @@ def _setup_compilation_cache(setting: str) -> str | None:
     import jax
 
     if not setting:
+        jax.config.update("jax_compilation_cache_dir", None)  # off, even after an earlier call
         return None
     directory = default_cache_dir() if setting == "auto" else setting
     if "://" not in directory:
@@ -113,24 +113,29 @@ def _setup_compilation_cache(setting: str) -> str | None:
     return directory
 
 
-def init_runtime(cfg: Any = None, *, cpu_devices: int | None = 1) -> Runtime:
+def split_cpu_devices(n: int | None) -> None:
+    """Decoding: split a CPU host into n JAX devices (None = one per core, cpu.py); a no-op on
+    accelerator hosts and for n=1. Only before JAX starts its backends, so before init_runtime."""
+    if n == 1:
+        return
+    from tfm_jax.platform import cpu, host
+
+    if not host.has_accelerator():
+        cpu.split_cpu_devices(n)
+
+
+def init_runtime(cfg: Any = None) -> Runtime:
     """Resolves and applies this process's platform choices; call once, before any step runs.
 
     cfg: a config with a `platform` section (product, compilation_cache), or None for the
-    defaults. cpu_devices: JAX CPU devices to split this host into (decoding; None = one per
-    core) — only before JAX has started its backends, and only on CPU hosts.
+    defaults.
     """
-    global _product_name, _runtime
+    global _product_name
     settings = getattr(cfg, "platform", None) if cfg is not None else None
     product_setting = settings.product if settings is not None else "auto"
     cache_setting = settings.compilation_cache if settings is not None else "auto"
-    if cpu_devices != 1:
-        from tfm_jax.platform import cpu, host
-
-        if not host.has_accelerator():
-            cpu.split_cpu_devices(cpu_devices)
     _product_name = product_setting
     cache_dir = _setup_compilation_cache(cache_setting)
-    _runtime = Runtime(backend(), _resolve_product(product_setting), cache_dir)
-    log.debug("platform: %s", _runtime)
-    return _runtime
+    runtime = Runtime(backend(), _resolve_product(product_setting), cache_dir)
+    log.debug("platform: %s", runtime)
+    return runtime
