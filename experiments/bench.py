@@ -263,6 +263,8 @@ class StepCase:
             "compile_s": self.compile_s,  # XLA's compilation alone
             # a persistent cache turns compile_s into a cache read
             "compilation_cache": jax.config.jax_compilation_cache_dir or None,
+            # XLA's own settings (gpu_check.sh compares GPU autotune levels by this field)
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
         }
 
     def result(self, batch, src_len, tgt_len, peak_name) -> dict:

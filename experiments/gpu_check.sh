@@ -11,6 +11,10 @@
 #   4. beam-4 and greedy decoding of that trained model (bench.py decode --workdir=runs/gpu_small)
 #   5. with what time is left: the base step again with model.scan_layers=True (compile and step
 #      time of one scanned layer body against 1's unrolled stacks: picks the default)
+#   6. with what time is left (GPU only): the base step again under XLA_FLAGS
+#      --xla_gpu_autotune_level=0 (no GEMM/fusion autotuning) and then
+#      --xla_gpu_enable_triton_gemm=false (cuBLAS for every GEMM): compile_s and step_s of each
+#      against 1's defaults say where the GPU compile spends its time and what it buys
 # Budget: 8 minutes on a fresh machine, set-up included (GPU_CHECK_BUDGET_S, default 470 s);
 # each step gets at most its own limit and what is left, which is printed before it starts.
 #
@@ -278,5 +282,14 @@ fi
 step "base bf16 scan_layers train step" "${LIMITS[0]}" \
   "$PY" experiments/bench.py train_step --config=configs/base.py --config.model.scan_layers=True \
   "${STEP_ARGS[@]}"
+
+# --- 6: what XLA's GPU autotuner costs and buys, if time is left ----------------------------------
+if [[ $MODE == gpu ]]; then
+  for flags in "--xla_gpu_autotune_level=0" "--xla_gpu_enable_triton_gemm=false"; do
+    XLA_FLAGS="${XLA_FLAGS:-} $flags" step "base bf16 train step, XLA_FLAGS=$flags" \
+      "${LIMITS[0]}" "$PY" experiments/bench.py train_step --config=configs/base.py \
+      "${STEP_ARGS[@]}"
+  done
+fi
 
 finish
