@@ -3,7 +3,7 @@
 d_model 1024, d_ff 4096, 16 heads, P_drop 0.3, 300K steps, average the last 20 checkpoints.
 """
 
-from tfm_jax.config import table3_config, use_wmt14
+from tfm_jax.config.core import table3_config, use_wmt14
 
 
 def get_config():

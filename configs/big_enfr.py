@@ -1,6 +1,6 @@
 """Transformer big on WMT14 EN-FR: as big, but P_drop 0.1 (§6.1) and a 32k vocabulary."""
 
-from tfm_jax.config import table3_config, use_wmt14
+from tfm_jax.config.core import table3_config, use_wmt14
 
 
 def get_config():

@@ -69,8 +69,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfm_jax import paths, sharding, train  # noqa: E402
-from tfm_jax.overrides import build_config, split_overrides  # noqa: E402
+from tfm_jax.config import paths
+from tfm_jax.train import sharding
+from tfm_jax.train import trainer as train  # noqa: E402
+from tfm_jax.config.build import build_config, split_overrides  # noqa: E402
 
 
 def emit(record: dict) -> None:
@@ -107,7 +109,7 @@ class Peak:
         progress(f"peak: compiling {self.n}^3 products (f32, bf16) on {jax.devices()[0]}")
         key = jax.random.PRNGKey(0)
         # bf16: bf16 operands, float32 accumulation and result, the product the model's bf16
-        # compute uses (tfm_jax/matmul.py) and the hardware's bf16 rate; a bf16-result dot is
+        # compute uses (tfm_jax/model/matmul.py) and the hardware's bf16 rate; a bf16-result dot is
         # upcast to f32 by XLA:CPU, so it would measure the f32 units.
         dot = functools.partial(jnp.dot, preferred_element_type=jnp.float32)
         for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16)):

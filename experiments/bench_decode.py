@@ -19,7 +19,10 @@ import time
 import jax
 import ml_collections
 
-from tfm_jax import data, inference, paths, platform, train
+from tfm_jax import data, platform
+from tfm_jax.decode import load, translate
+from tfm_jax.config import paths
+from tfm_jax.train import trainer as train
 
 
 def _timed(fn):
@@ -33,8 +36,8 @@ def bench_decode(
 ) -> dict:
     """Beam-4 and greedy decoding speed on cfg.data.test_split, measured after compilation."""
     if workdir:
-        which = inference.default_checkpoint(workdir)
-        model, params, tokenizer = inference.load_for_inference(workdir, which, cfg)
+        which = load.default_checkpoint(workdir)
+        model, params, tokenizer = load.load_for_inference(workdir, which, cfg)
     else:
         which = "random init"
         model = train.make_model(cfg)
@@ -57,12 +60,12 @@ def bench_decode(
         "alpha": cfg.decode.alpha,
         "decode_devices": jax.local_device_count(),  # batches decoded at once (translate_ids)
     }
-    start_compiles = inference.compile_count()
-    start_redecoded = inference.redecode_count()
+    start_compiles = translate.compile_count()
+    start_redecoded = translate.redecode_count()
     for name, kw in (("beam4", dict(beam_size=4)), ("greedy", dict(greedy=True))):
 
         def run(kw=kw):
-            return inference.translate_ids(cfg, model, params, ids, **kw)
+            return translate.translate_ids(cfg, model, params, ids, **kw)
 
         _, first = _timed(run)  # compiles each batch shape
         outs, seconds = _timed(run)
@@ -72,15 +75,15 @@ def bench_decode(
         result[f"{name}_seconds"] = round(seconds, 3)
         result[f"{name}_first_pass_seconds"] = round(first, 3)  # compilation included
         result[f"{name}_mean_output_tokens"] = round(tokens / max(1, len(outs)), 2)
-    result["compilations"] = inference.compile_count() - start_compiles
+    result["compilations"] = translate.compile_count() - start_compiles
     # Sentences the short first pass did not finish, per timed pass of each mode.
-    result["redecoded_per_pass"] = (inference.redecode_count() - start_redecoded) / 4
+    result["redecoded_per_pass"] = (translate.redecode_count() - start_redecoded) / 4
     result["first_pass_extra_len"] = cfg.decode.first_pass_extra_len
     return result
 
 
 def main(argv=None) -> int:
-    from tfm_jax.overrides import build_config, split_overrides
+    from tfm_jax.config.build import build_config, split_overrides
 
     argv, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
     parser = argparse.ArgumentParser(description=__doc__)

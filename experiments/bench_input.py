@@ -12,7 +12,8 @@ import time
 
 import ml_collections
 
-from tfm_jax import data, paths
+from tfm_jax import data
+from tfm_jax.config import paths
 from tfm_jax.data.batching import timed_epoch
 
 

@@ -33,8 +33,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tfm_jax import paths  # noqa: E402
-from tfm_jax.config import TABLE3, table3_config  # noqa: E402
+from tfm_jax.config import paths  # noqa: E402
+from tfm_jax.config.core import TABLE3, table3_config  # noqa: E402
 
 SMALL_STEP_DIVISOR = 250  # 100K paper steps -> 400 steps
 WIDTH_KEYS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")

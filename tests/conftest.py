@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 # more devices run their own process.
 jax.devices()
 
-from tfm_jax import config as config_lib  # noqa: E402
+from tfm_jax.config import core as config_lib  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(REPO, "..", "shared", "data")

@@ -15,7 +15,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from conftest import tiny_config  # noqa: E402
 
-from tfm_jax import sharding, train  # noqa: E402
+from tfm_jax.train import sharding
+from tfm_jax.train import trainer as train  # noqa: E402
 
 
 def batch(seed):

@@ -1,4 +1,4 @@
-"""Tests for tfm_jax/checkpoint.py: round trip, retention, triggers, averaging, damage."""
+"""Tests for tfm_jax/checkpoint/manager.py: round trip, retention, triggers, averaging, damage."""
 
 import json
 import logging
@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax import checkpoint as ckpt_lib
+from tfm_jax.checkpoint import manager as ckpt_lib
 
 CONFIG_JSON = json.dumps({"model": {"num_layers": 2, "d_model": 8}, "optim": {"warmup": 4}})
 DATA_STATE = {"epoch": 1, "position": 12345, "files": ["a.tfrecord", "b.tfrecord"]}

@@ -4,7 +4,8 @@
 import jax
 import numpy as np
 
-from tfm_jax import sharding, train
+from tfm_jax.train import sharding
+from tfm_jax.train import trainer as train
 
 
 def fixed_batch(rows=4, length=8, vocab=64, seed=0):

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from tfm_jax import config as config_lib
-from tfm_jax.__main__ import main
-from tfm_jax.overrides import build_config
+from tfm_jax.config import core as config_lib
+from tfm_jax.cli.main import main
+from tfm_jax.config.build import build_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfm_jax import decode
+from tfm_jax.decode import search as decode
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 6

@@ -5,7 +5,7 @@ import math
 import pytest
 import sacrebleu
 
-from tfm_jax import evaluate
+from tfm_jax.eval import metrics as evaluate
 
 HYPS = [
     "The cat sat on the mat.",

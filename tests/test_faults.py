@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
-from tfm_jax import checkpoint, config, loop, paths, train
-from tfm_jax.__main__ import main
+from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.config import core as config
+from tfm_jax.train import loop
+from tfm_jax.config import paths
+from tfm_jax.train import trainer as train
+from tfm_jax.cli.main import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,6 +121,12 @@ def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus
                                            "model.d_v": 128, "train.checkpoint_every_steps": 4}),
                  f"--workdir={workdir}"], stdout=out)  # fmt: skip
         wait_for_step(log, 6, p)
+        # Step 4's async save must be committed first: a second signal during that save would
+        # (rightly) leave no checkpoint at all, which is not what this test is about.
+        deadline = time.monotonic() + 120
+        while not (workdir / "checkpoints" / "4" / "commit_success.txt").exists():
+            assert time.monotonic() < deadline and p.poll() is None, "step 4 was never committed"
+            time.sleep(0.05)
         p.send_signal(signal.SIGTERM)
         line = ""
         while "stopping after this step" not in line:
@@ -181,7 +191,7 @@ def test_resume_with_a_changed_model_is_a_clear_error(corpus, trained):
 
 
 def test_resume_keys_are_classified(corpus, trained):
-    from tfm_jax import resume
+    from tfm_jax.train import resume
 
     saved = checkpoint.read_config_json(trained)
     cfg = tiny_run_config(corpus, **{"train.num_steps": 99, "decode.alpha": 1.0,

@@ -16,10 +16,15 @@ import pytest
 from conftest import REPO, tiny_config
 from jax import lax
 
-from tfm_jax import checkpoint, data, decode, inference, inference_cli, train
-from tfm_jax.attention_plot import capture_attention
-from tfm_jax.overrides import split_overrides
-from tfm_jax.transformer import Transformer
+from tfm_jax import data
+from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.decode import search as decode
+from tfm_jax.decode import load, translate
+from tfm_jax.cli import inference as inference_cli
+from tfm_jax.train import trainer as train
+from tfm_jax.viz.attention import capture_attention
+from tfm_jax.config.build import split_overrides
+from tfm_jax.model.transformer import Transformer
 from tfm_jax.vocab_ids import EOS_ID
 
 # ----------------------------------------------------------------------------- cached == full
@@ -35,7 +40,7 @@ def full_recompute_tokens_to_logits(model, params, encoded, inputs):
             {"params": params}, encoded, inputs, prefix, method=Transformer.decode
         )  # [rows, T, vocab]; teacher forcing, causal mask, PAD after idx masked out
         step = lax.dynamic_index_in_dim(logits, idx, axis=1, keepdims=False)
-        return inference.mask_special_logits(step), {"prefix": prefix, "index": idx + 1}
+        return translate.mask_special_logits(step), {"prefix": prefix, "index": idx + 1}
 
     return tokens_to_logits
 
@@ -46,8 +51,8 @@ def run_beam(params, inputs, max_lengths, *, model, cached, max_decode_len):
     encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
     enc_b, in_b = decode.expand_to_beams((encoded, inputs), 4)
     if cached:
-        fn = inference.cached_tokens_to_logits(model, params, enc_b, in_b)
-        cache = inference.init_cache(model, params, encoded, inputs, max_decode_len)
+        fn = translate.cached_tokens_to_logits(model, params, enc_b, in_b)
+        cache = translate.init_cache(model, params, encoded, inputs, max_decode_len)
     else:
         fn = full_recompute_tokens_to_logits(model, params, enc_b, in_b)
         cache = {
@@ -86,7 +91,7 @@ def check_cached_equals_full(cfg, model, params, lengths, max_extra_len=6):
     np.testing.assert_allclose(np.asarray(fast_scores), np.asarray(slow_scores), rtol=1e-5)
     # The pipeline (bucketed batch, dummy rows, jitted _search) returns the same best beams.
     sources = [list(inputs[r, : n - 1]) for r, n in enumerate(lengths)]
-    out = inference.translate_ids(
+    out = translate.translate_ids(
         cfg, model, params, sources, beam_size=4, alpha=0.6, max_extra_len=max_extra_len
     )
     for b, o in enumerate(out):
@@ -105,7 +110,7 @@ def test_cached_beam_search_equals_full_recompute(random_model):
 def test_plan_batches_shapes(random_model):
     cfg = tiny_config(**{"decode.tokens_per_batch": 64})
     lengths = [3, 20, 5, 17, 2, 40, 4, 6, 9]
-    plan = inference.plan_batches(cfg, lengths)
+    plan = translate.plan_batches(cfg, lengths)
     assert sorted(i for chunk, _, _ in plan for i in chunk) == list(range(len(lengths)))
     # Buckets of padded lengths 16, 32 and 48 (<= model.max_len); 64 // 16 = 4 rows, 64 // 32 = 2.
     assert [(len(c), rows, s) for c, rows, s in plan] == [(4, 4, 16), (2, 2, 16), (2, 2, 32),
@@ -161,7 +166,7 @@ def run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded(run):
     cfg, workdir = run
-    return (cfg, *inference.load_for_inference(workdir, "latest", cfg))
+    return (cfg, *load.load_for_inference(workdir, "latest", cfg))
 
 
 def cli(argv, monkeypatch=None, stdin=None):
@@ -179,25 +184,25 @@ def test_translate_texts_order_empty_lines_and_batch_independence(loaded, caplog
     cfg, model, params, tokenizer = loaded
     texts = ["one two", "", "three four five six", "seven", "  ", "eight nine ten one two",
              "two", "five five", "one two"]  # fmt: skip
-    out = inference.translate_texts(cfg, model, params, tokenizer, texts)
+    out = translate.translate_texts(cfg, model, params, tokenizer, texts)
     assert len(out) == len(texts)
     assert out[1] == "" and out[4] == ""
     assert out[0] == out[-1]  # a repeated line
     assert any(w in o.split() for o in out for w in DE)  # 30 steps: it learned a few words
-    compiles = inference.compile_count()
-    again = inference.translate_texts(cfg, model, params, tokenizer, texts[::-1])
+    compiles = translate.compile_count()
+    again = translate.translate_texts(cfg, model, params, tokenizer, texts[::-1])
     assert again[::-1] == out
-    assert inference.compile_count() == compiles  # same shapes: nothing recompiled
+    assert translate.compile_count() == compiles  # same shapes: nothing recompiled
     # Other batch compositions (3 sentences + a dummy row, in another order): same outputs.
     some = [texts[5], texts[0], texts[2]]
-    assert inference.translate_texts(cfg, model, params, tokenizer, some) == [
+    assert translate.translate_texts(cfg, model, params, tokenizer, some) == [
         out[5],
         out[0],
         out[2],
     ]
     # A line over the model's limit is truncated (with a warning), not an error.
     with caplog.at_level("WARNING"):
-        (long_out,) = inference.translate_texts(cfg, model, params, tokenizer, [" ".join(EN * 20)])
+        (long_out,) = translate.translate_texts(cfg, model, params, tokenizer, [" ".join(EN * 20)])
     assert isinstance(long_out, str) and "Truncated 1 source line" in caplog.text
 
 
@@ -206,7 +211,7 @@ def test_two_pass_decoding_equals_one_full_pass(loaded, monkeypatch):
     it cut off, gives exactly the one-pass outputs."""
     cfg, model, params, tokenizer = loaded
     # Unpadded source lengths, so that a first buffer of source length + 1 cuts some outputs.
-    monkeypatch.setattr(inference, "SRC_LEN_MULTIPLE", 1)
+    monkeypatch.setattr(translate, "SRC_LEN_MULTIPLE", 1)
     rng = np.random.default_rng(5)
     # Real sentences and random ids: outputs of several lengths, some longer than source + 1.
     sources = tokenizer.encode_batch(_corpus(8, seed=7)[0])
@@ -215,9 +220,9 @@ def test_two_pass_decoding_equals_one_full_pass(loaded, monkeypatch):
     for extra in (0, 1):
         c = cfg.copy_and_resolve_references()
         c.decode.max_extra_len, c.decode.first_pass_extra_len = 40, extra
-        before = inference.redecode_count()
-        outputs[extra] = inference.translate_ids(c, model, params, sources)
-        redone = inference.redecode_count() - before
+        before = translate.redecode_count()
+        outputs[extra] = translate.translate_ids(c, model, params, sources)
+        redone = translate.redecode_count() - before
         assert redone == 0 if extra == 0 else 0 < redone < len(sources), (extra, redone)
     for a, b in zip(outputs[1], outputs[0], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -236,8 +241,8 @@ def test_translate_cli_round_trip(run, tmp_path, monkeypatch, capsys):
     # empty lines stay empty (a 30-step model may also emit EOS first for a real line)
     assert all(g == "" for g, s in zip(got[:-1], lines, strict=False) if s == "")
     # Default checkpoint is the averaged one; compare with the library on it.
-    model, params, tokenizer = inference.load_for_inference(workdir, "averaged", cfg)
-    assert got[:-1] == inference.translate_texts(cfg, model, params, tokenizer, lines)
+    model, params, tokenizer = load.load_for_inference(workdir, "averaged", cfg)
+    assert got[:-1] == translate.translate_texts(cfg, model, params, tokenizer, lines)
     # stdin -> stdout, a config override, another checkpoint.
     capsys.readouterr()
     stdin = "".join(s + "\n" for s in lines)
@@ -258,7 +263,7 @@ def test_translate_on_two_cpu_devices_matches_one(run, tmp_path):
     dst = tmp_path / "out.txt"
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
     script = (
-        "import sys, jax; from tfm_jax.__main__ import main; rc = main(sys.argv[1:]); "
+        "import sys, jax; from tfm_jax.cli.main import main; rc = main(sys.argv[1:]); "
         "assert jax.local_device_count() == 2, jax.devices(); sys.exit(rc)"
     )
     argv = ["translate", f"--workdir={workdir}", f"--input={src}", f"--output={dst}",
@@ -268,9 +273,9 @@ def test_translate_on_two_cpu_devices_matches_one(run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = cfg.copy_and_resolve_references()
     cfg.decode.tokens_per_batch = 32  # several batches, so both devices get some
-    model, params, tokenizer = inference.load_for_inference(workdir, "averaged", cfg)
+    model, params, tokenizer = load.load_for_inference(workdir, "averaged", cfg)
     assert jax.local_device_count() == 1
-    expected = inference.translate_texts(cfg, model, params, tokenizer, texts)
+    expected = translate.translate_texts(cfg, model, params, tokenizer, texts)
     assert dst.read_text().split("\n")[:-1] == expected
 
 

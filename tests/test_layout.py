@@ -9,7 +9,7 @@ ROOT = os.path.join(REPO, "tfm_jax")
 LINE_LIMIT = 450
 # Over the limit when the limit was set; to be split (issue 14). Lower a ceiling when a module
 # shrinks; never raise one.
-CEILINGS = {"tfm_jax.checkpoint": 600, "tfm_jax.data.batching": 490, "tfm_jax.inference": 495}
+CEILINGS = {"tfm_jax.checkpoint.manager": 600, "tfm_jax.data.batching": 490}
 
 
 def modules() -> dict[str, str]:

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
-from tfm_jax import checkpoint, loop, train
+from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.train import loop
+from tfm_jax.train import trainer as train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

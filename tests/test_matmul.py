@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from tfm_jax import matmul
+from tfm_jax.model import matmul
 
 # Every product the model makes (attention.py, transformer.py, embeddings.py), with shapes big
 # enough for XLA:CPU's YNNPACK path and, last, ones that take the small-dot fallback (a

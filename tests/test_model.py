@@ -6,9 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfm_jax import attention, inference
-from tfm_jax.embeddings import sinusoidal_table
-from tfm_jax.transformer import Transformer, shift_right, stack_layers, unstack_layers
+from tfm_jax.model import attention
+from tfm_jax.decode import load, translate
+from tfm_jax.eval import evaluate
+from tfm_jax.model.embeddings import sinusoidal_table
+from tfm_jax.model.transformer import Transformer, shift_right, stack_layers, unstack_layers
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -156,7 +158,7 @@ def test_incremental_decoding_equals_full_forward(positional):
     params = nn.unbox(model.init(jax.random.PRNGKey(1), SRC, TGT))["params"]
     full = np.asarray(model.apply({"params": params}, SRC, TGT))
     encoded = model.apply({"params": params}, SRC, method=Transformer.encode)
-    cache = inference.init_cache(model, params, encoded, SRC, max_decode_len=10)
+    cache = translate.init_cache(model, params, encoded, SRC, max_decode_len=10)
     dec_in = shift_right(jnp.asarray(TGT))
     step = jax.jit(
         lambda c, tok: model.apply(
@@ -206,7 +208,7 @@ def test_bfloat16_compute_tracks_float32_and_decodes_incrementally():
     for rows in (slice(1, 2), slice(0, 2)):
         src, tgt = SRC[rows], TGT[rows]
         encoded = bf16.apply({"params": params}, src, method=Transformer.encode)
-        cache = inference.init_cache(bf16, params, encoded, src, max_decode_len=10)
+        cache = translate.init_cache(bf16, params, encoded, src, max_decode_len=10)
         dec_in = shift_right(jnp.asarray(tgt))
         for t in range(tgt.shape[1]):
             logits, mut = bf16.apply(
@@ -251,24 +253,24 @@ def test_scan_layers_equals_unrolled_in_loss_and_gradients(norm):
     assert not np.allclose(train_out, scanned.apply({"params": p_scan}, SRC, TGT))
     with pytest.raises(ValueError, match="scan_layers"):
         enc = scanned.apply({"params": p_scan}, SRC, method=Transformer.encode)
-        inference.init_cache(scanned, p_scan, enc, SRC, 8)
+        translate.init_cache(scanned, p_scan, enc, SRC, 8)
 
 
 def test_scan_layers_run_trains_and_decodes_unrolled(tmp_path):
     """A scan_layers run: the loop's eval perplexity (scanned) equals inference's (unrolled)."""
     from loop_helpers import tiny_run_config, write_tiny_corpus
 
-    from tfm_jax import loop
+    from tfm_jax.train import loop
 
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=300, n_val=32)
     overrides = {"model.scan_layers": True, "model.num_layers": 2, "train.num_steps": 4,
                  "train.eval_every_steps": 4}  # fmt: skip
     cfg = tiny_run_config(corpus, **overrides)
     metrics = loop.train_and_evaluate(cfg, str(tmp_path / "run"))
-    cfg = loop.pin_vocabulary(cfg, inference.load_tokenizer(cfg, str(tmp_path / "run")))
-    model, params, tokenizer = inference.load_for_inference(str(tmp_path / "run"), "latest", cfg)
+    cfg = loop.pin_vocabulary(cfg, load.load_tokenizer(cfg, str(tmp_path / "run")))
+    model, params, tokenizer = load.load_for_inference(str(tmp_path / "run"), "latest", cfg)
     assert not model.scan_layers and "encoder_1" in params
-    ppl = inference.perplexity(cfg, model, params, tokenizer, cfg.data.eval_split)
+    ppl = evaluate.perplexity(cfg, model, params, tokenizer, cfg.data.eval_split)
     np.testing.assert_allclose(ppl["ppl"], metrics["eval_ppl"], rtol=1e-5)
-    hyps = inference.translate_texts(cfg, model, params, tokenizer, ["a dog", "two men run"])
+    hyps = translate.translate_texts(cfg, model, params, tokenizer, ["a dog", "two men run"])
     assert len(hyps) == 2 and all(isinstance(h, str) for h in hyps)

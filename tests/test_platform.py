@@ -10,7 +10,8 @@ import jax
 import pytest
 from conftest import REPO
 
-from tfm_jax import config, platform
+from tfm_jax import platform
+from tfm_jax.config import core as config
 from tfm_jax.platform import cpu
 from tfm_jax.platform import host as hostenv  # the malloc half of the seam
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from tfm_jax import config as config_lib
-from tfm_jax import prng, train
+from tfm_jax.config import core as config_lib
+from tfm_jax.train import prng
+from tfm_jax.train import trainer as train
 
 
 def _keys(seed):

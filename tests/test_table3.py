@@ -8,7 +8,7 @@ import os
 import pytest
 from loop_helpers import write_tiny_corpus
 
-from tfm_jax.config import TABLE3
+from tfm_jax.config.core import TABLE3
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

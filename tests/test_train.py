@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from tfm_jax import sharding, train
+from tfm_jax.train import sharding
+from tfm_jax.train import trainer as train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,14 +1,16 @@
-"""§6.1 inference: load a run's params, translate text in batches, evaluate a split.
+"""§6.1 translation: text or token ids in, batched beam (or greedy) search over the KV cache, text out.
 
-The commands that call these live in inference_cli.py.
+The model and params come from decode/load.py; the search itself is decode/search.py (pure,
+knows no model); evaluate a split with eval/evaluate.py.
 
 Decoding batches are shaped for few compilations: sentences are sorted by length, the source
 length is rounded up to a multiple of SRC_LEN_MULTIPLE, and each length bucket is cut into
 batches of a fixed number of rows (cfg.decode.tokens_per_batch // padded length, rounded down
 to a power of two). A bucket's last batch takes the next power of two >= its sentences, padded
 with dummy rows, so a test set compiles about two shapes per length bucket and translating one
-sentence does not run a full-size batch. jax.jit caches one executable per (rows, source length,
-max_decode_len, beam, alpha, greedy); `compile_count()` counts them.
+sentence does not run a full-size batch. jax.jit caches one program per (rows, source length,
+max_decode_len, beam, alpha, greedy); `compile_count()` counts the distinct ones this process
+has asked for.
 
 Two passes (decode.first_pass_extra_len): every batch is first decoded with an output buffer of
 (padded source length + first_pass_extra_len) tokens, and only the sentences whose search had
@@ -20,13 +22,7 @@ model no test sentence needed the second pass at 12 and beam-4 ran 1.28x faster.
 from __future__ import annotations
 
 import functools
-import glob
-import json
-import os
-import shutil
-import time
 from collections.abc import Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,109 +30,30 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from tfm_jax import checkpoint, data, decode, evaluate, losses, train, transformer
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.transformer import Transformer
+from tfm_jax.decode import search as decode
+from tfm_jax.model import attention
+from tfm_jax.model.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
 
 SRC_LEN_MULTIPLE = 16  # padded source lengths are multiples of this (one compile per bucket)
 
-# Incremented while jax traces _search, i.e. once per compilation (a jit cache miss).
-_COMPILATIONS = [0]
+# The distinct decoding programs asked for (jit compiles each once), recorded on the host
+# before each call: (model, rows, source length, max_decode_len, beam, alpha, greedy).
+_PROGRAMS: set[tuple] = set()
 # Sentences a first, short-buffer pass left unfinished (decoded again at full length).
 _REDECODED = [0]
 
 
-class InferenceError(ValueError):
-    """A user-fixable problem (missing workdir, checkpoint, vocabulary or input file)."""
-
-
 def compile_count() -> int:
-    """Decoding executables compiled so far in this process (one per distinct batch setup)."""
-    return _COMPILATIONS[0]
+    """Distinct decoding programs (one jit compilation each) this process has run."""
+    return len(_PROGRAMS)
 
 
 def redecode_count() -> int:
     """Sentences decoded twice so far: the first, short-buffer pass (decode.first_pass_extra_len)
     did not finish them."""
     return _REDECODED[0]
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def _checkpoint_names(workdir: str) -> str:
-    avg = os.path.isdir(os.path.join(workdir, checkpoint.AVERAGED_DIR))
-    ckpt_dir = os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)
-    steps = sorted(
-        int(n) for n in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []) if n.isdigit()
-    )
-    return f"averaged checkpoint: {'yes' if avg else 'no'}; steps: {steps or 'none'}"
-
-
-def default_checkpoint(workdir: str) -> str:
-    """CLI default: "averaged" (§6.1 averages the last checkpoints) if it exists, else latest."""
-    return "averaged" if os.path.isdir(os.path.join(workdir, checkpoint.AVERAGED_DIR)) else "latest"
-
-
-def check_workdir(workdir: str) -> None:
-    if not workdir or not os.path.isdir(workdir):
-        raise InferenceError(
-            f"workdir {workdir!r} does not exist; pass the --workdir of a training run"
-        )
-
-
-def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
-    """The run's vocabulary: data.vocab_path, else the one training cached under <workdir>/vocab.
-
-    Never trains one: a new vocabulary would not match the model's embedding rows. Looking in
-    <workdir>/vocab (rather than recomputing get_tokenizer's fingerprint) keeps evaluation of
-    another folder (--config.data.dir=...) on the run's own vocabulary.
-    """
-    if cfg.data.vocab_path:
-        if not os.path.isfile(cfg.data.vocab_path):
-            raise InferenceError(f"data.vocab_path={cfg.data.vocab_path!r} does not exist")
-        return Tokenizer.load(cfg.data.vocab_path, cfg.data.num_workers)
-    pattern = os.path.join(workdir, "vocab", f"spm_{cfg.data.vocab_size}_*.model")
-    found = sorted(glob.glob(pattern), key=os.path.getmtime)
-    if not found:
-        raise InferenceError(
-            f"no vocabulary matches {pattern}; pass --config.data.vocab_path=<the run's "
-            "sentencepiece .model>"
-        )
-    if len(found) > 1:
-        logging.warning("Several vocabularies match %s; using the newest, %s", pattern, found[-1])
-    return Tokenizer.load(found[-1], cfg.data.num_workers)
-
-
-def load_for_inference(
-    workdir: str, which: str | int, cfg: ml_collections.ConfigDict
-) -> tuple[Transformer, Any, Tokenizer]:
-    """(model, params, tokenizer) of `which` checkpoint: "averaged", "latest" or a step.
-
-    A run trained with model.scan_layers comes back unrolled (the decoder's cache is per layer).
-    """
-    check_workdir(workdir)
-    trainer = train.make_trainer(cfg)
-    try:
-        params = checkpoint.load_params(workdir, str(which), trainer.abstract_state.params)
-    except checkpoint.CheckpointNotFoundError as e:
-        raise InferenceError(f"{e} ({_checkpoint_names(workdir)})") from None
-    except ValueError as e:  # a `which` that is neither a name nor a step
-        raise InferenceError(f"--checkpoint={which}: {e}") from None
-    tokenizer = load_tokenizer(cfg, workdir)
-    if tokenizer.vocab_size > cfg.model.vocab_size:
-        raise InferenceError(
-            f"the vocabulary has {tokenizer.vocab_size} pieces but model.vocab_size is "
-            f"{cfg.model.vocab_size}; this vocabulary belongs to another run"
-        )
-    if cfg.model.scan_layers:
-        model = trainer.model.clone(scan_layers=False)
-        return model, transformer.unstack_layers(params, cfg.model.num_layers), tokenizer
-    return trainer.model, params, tokenizer
-
-
-# ----------------------------------------------------------------------------- decoding
 
 
 def init_cache(model: Transformer, params, encoded: jax.Array, inputs: jax.Array,
@@ -160,12 +77,6 @@ def mask_special_logits(logits: jax.Array) -> jax.Array:
     cache, so excluding them keeps cached decoding equal to the full forward."""
     special = jnp.zeros(logits.shape[-1], bool).at[jnp.array([PAD_ID, BOS_ID])].set(True)
     return jnp.where(special, decode.NEG_INF, logits)
-
-
-def is_encoder_memory(path) -> bool:
-    """Cache leaves projected from the encoder output (MultiHeadAttention's static_* variables):
-    equal for every beam of a sentence, so beam search need not reorder them."""
-    return any(getattr(k, "key", None) in ("static_key", "static_value") for k in path)
 
 
 def cached_tokens_to_logits(model: Transformer, params, encoded: jax.Array, inputs: jax.Array):
@@ -192,7 +103,6 @@ def cached_tokens_to_logits(model: Transformer, params, encoded: jax.Array, inpu
 def _search(params, inputs, max_lengths, *, model, beam_size, alpha, max_decode_len, greedy):
     """Source ids [rows, S] -> (best output ids [rows, max_decode_len] (EOS, then PAD),
     complete [rows]: False where max_decode_len was too short for the search to end)."""
-    _COMPILATIONS[0] += 1  # runs only while tracing
     rows = inputs.shape[0]
     encoded = model.apply({"params": params}, inputs, method=Transformer.encode)  # [rows, S, d]
     cache = init_cache(model, params, encoded, inputs, max_decode_len)
@@ -213,7 +123,7 @@ def _search(params, inputs, max_lengths, *, model, beam_size, alpha, max_decode_
         beam_size=beam_size,
         alpha=alpha,
         exact_beams="best",  # only the best is kept: stop once nothing can beat it
-        beam_invariant=is_encoder_memory,
+        beam_invariant=attention.is_encoder_memory,
     )
     return out.sequences[:, 0], out.complete  # the best of each sentence
 
@@ -327,13 +237,15 @@ def translate_ids(
             args = (inputs, max_lengths)
             if device is not None:
                 args = jax.device_put(args, device)
+            max_decode_len = min(src_len + extra, out_limit)
+            _PROGRAMS.add((model, rows, src_len, max_decode_len, beam_size, float(alpha), greedy))
             out = _search(
                 placed[n % len(devices)],
                 *args,
                 model=model,
                 beam_size=beam_size,
                 alpha=float(alpha),
-                max_decode_len=min(src_len + extra, out_limit),
+                max_decode_len=max_decode_len,
                 greedy=greedy,
             )  # dispatched; runs while the next batches are prepared and queued
             pending.append((chunk, max_lengths, out))
@@ -385,109 +297,3 @@ def translate_texts(
         greedy=greedy,
     )
     return [tokenizer.decode(ids) if len(ids) else "" for ids in outputs]
-
-
-# ----------------------------------------------------------------------------- evaluation
-
-
-@functools.partial(jax.jit, static_argnames=("model", "label_smoothing"))
-def _eval_sums(params, batch, *, model, label_smoothing):
-    return train.eval_step(params, batch, model=model, label_smoothing=label_smoothing)
-
-
-def resolve_split(cfg: ml_collections.ConfigDict, name: str) -> str:
-    """Maps "validation" -> data.eval_split, "test" -> data.test_split, anything else as is."""
-    return {"validation": cfg.data.eval_split, "test": cfg.data.test_split}.get(name, name)
-
-
-def perplexity(cfg, model, params, tokenizer, split: str) -> dict[str, float]:
-    """Per-token NLL and perplexity of the references (teacher forcing), as in Table 3."""
-    total: dict[str, float] = {}
-    for batch in data.make_eval_batches(cfg.data, tokenizer, split):
-        sums = _eval_sums(params, batch, model=model, label_smoothing=cfg.loss.label_smoothing)
-        for k, v in jax.device_get(sums).items():
-            total[k] = total.get(k, 0.0) + float(v)
-    return losses.normalize_metrics(total)
-
-
-def _alpha_name(alpha: float) -> str:
-    return f"{alpha:g}"
-
-
-def evaluate_split(
-    cfg: ml_collections.ConfigDict,
-    model: Transformer,
-    params,
-    tokenizer: Tokenizer,
-    split: str,
-    *,
-    workdir: str,
-    alphas: Sequence[float] | None = None,
-    out_dir: str | None = None,
-    checkpoint_name: str = "averaged",
-    greedy: bool = False,
-) -> dict:
-    """Decodes `split`, scores it and writes hypotheses and scores.json under out_dir.
-
-    `split` may be "validation" / "test" (cfg.data.eval_split / test_split) or a split name.
-    alphas default to (cfg.decode.alpha,). With several, each is decoded and scored under
-    "by_alpha" and the top-level scores are the best alpha's by sacreBLEU: choose alpha on the
-    validation split, as the paper did (§6.1), not on the test split.
-    Out_dir defaults to <workdir>/eval/<checkpoint_name>.
-    """
-    alphas = tuple(alphas) if alphas else (cfg.decode.alpha,)
-    name = resolve_split(cfg, split)
-    out_dir = out_dir or os.path.join(workdir, "eval", str(checkpoint_name))
-    os.makedirs(out_dir, exist_ok=True)
-    sources, refs = data.load_split_texts(cfg.data, name)
-    ppl = perplexity(cfg, model, params, tokenizer, name)
-
-    by_alpha = {}
-    for alpha in alphas:
-        start = time.perf_counter()
-        hyps = translate_texts(cfg, model, params, tokenizer, sources, alpha=alpha, greedy=greedy)
-        seconds = time.perf_counter() - start
-        suffix = f".alpha{_alpha_name(alpha)}" if len(alphas) > 1 else ""
-        hyp_file = os.path.join(out_dir, f"{name}{suffix}.hyp.txt")
-        with open(hyp_file, "w", encoding="utf-8") as f:
-            f.writelines(h + "\n" for h in hyps)
-        sacre = evaluate.bleu(hyps, refs)
-        by_alpha[_alpha_name(alpha)] = {
-            "alpha": alpha,
-            "bleu": sacre["score"],
-            "bleu_signature": sacre["signature"],
-            "chrf": evaluate.chrf(hyps, refs),
-            "bleu_tok_compound": evaluate.paper_bleu(hyps, refs, cfg.data.target_lang),
-            # Wall time of translate_texts, compilation included (one compile per shape).
-            "sentences_per_s": len(sources) / seconds,
-            "hyp_file": hyp_file,
-        }
-    best = max(by_alpha, key=lambda a: by_alpha[a]["bleu"])
-    scores = {k: v for k, v in by_alpha[best].items() if k != "alpha"}
-    scores.update(
-        nll=ppl["nll"],
-        ppl=ppl["ppl"],
-        decode={
-            "beam_size": 1 if greedy else cfg.decode.beam_size,
-            "alpha": by_alpha[best]["alpha"],
-            "max_extra_len": cfg.decode.max_extra_len,
-            "first_pass_extra_len": cfg.decode.first_pass_extra_len,
-            "greedy": greedy,
-        },
-        split=name,
-        split_requested=split,
-        checkpoint=str(checkpoint_name),
-        workdir=workdir,
-        num_sentences=len(sources),
-        target_lang=cfg.data.target_lang,
-    )
-    if len(alphas) > 1:
-        scores["by_alpha"] = by_alpha
-        scores["alpha_selection"] = (
-            f"top-level scores are alpha={best}, the best sacreBLEU on split {name!r}"
-        )
-    if len(alphas) > 1:  # the best alpha's hypotheses also under the plain name
-        shutil.copyfile(by_alpha[best]["hyp_file"], os.path.join(out_dir, f"{name}.hyp.txt"))
-    with open(os.path.join(out_dir, "scores.json"), "w") as f:
-        json.dump(scores, f, indent=2)
-    return scores

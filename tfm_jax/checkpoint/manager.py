@@ -38,7 +38,7 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax import paths
+from tfm_jax.config import paths
 
 PyTree = Any
 ConfigJson = str | Mapping[str, Any]

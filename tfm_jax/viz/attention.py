@@ -17,10 +17,10 @@ import ml_collections
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: the Agg canvas, no global backend state
 
-from tfm_jax import inference
-from tfm_jax.attention import MultiHeadAttention
+from tfm_jax.decode import load, translate
+from tfm_jax.model.attention import MultiHeadAttention
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.transformer import Transformer
+from tfm_jax.model.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID
 
 KINDS = {  # file prefix -> (module name inside each layer, stack prefix, title)
@@ -71,12 +71,12 @@ def parse_indices(text: str, count: int, flag: str) -> list[int]:
     try:
         raw = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise inference.InferenceError(
+        raise load.InferenceError(
             f'{flag}={text!r}: expected "all" or indices like 0,-1'
         ) from None
     bad = [i for i in raw if not -count <= i < count]
     if bad or not raw:
-        raise inference.InferenceError(f"{flag}={text!r}: indices must be in [{-count}, {count})")
+        raise load.InferenceError(f"{flag}={text!r}: indices must be in [{-count}, {count})")
     return sorted({i % count for i in raw})
 
 
@@ -135,10 +135,10 @@ def plot_sentence(
     """
     src = tokenizer.encode(text.strip())
     if not src:
-        raise inference.InferenceError("--text is empty")
-    limit = inference.source_limit(cfg)
+        raise load.InferenceError("--text is empty")
+    limit = translate.source_limit(cfg)
     src = src[: limit - 1] + [EOS_ID]
-    (tgt,) = inference.translate_ids(cfg, model, params, [src[:-1]], greedy=True)
+    (tgt,) = translate.translate_ids(cfg, model, params, [src[:-1]], greedy=True)
     _, weights = capture_attention(model, params, np.asarray([src]), np.asarray([tgt]))
     src_labels = pieces(tokenizer, src)
     out_labels = pieces(tokenizer, tgt)

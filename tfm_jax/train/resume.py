@@ -18,8 +18,8 @@ from typing import Any
 
 import ml_collections
 
-from tfm_jax import checkpoint
-from tfm_jax.config import ConfigError
+from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.config.core import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,12 @@ import ml_collections
 import optax
 from jax.sharding import Mesh
 
-from tfm_jax import losses, optim, platform, prng, sharding
-from tfm_jax.transformer import Transformer
+from tfm_jax import platform
+from tfm_jax.train import losses
+from tfm_jax.train import optim
+from tfm_jax.train import prng
+from tfm_jax.train import sharding
+from tfm_jax.model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,26 @@ def eval_step(params, batch: Batch, *, model: Transformer, label_smoothing: floa
     """Summed loss / NLL / accuracy / token count of one batch (normalize on the host)."""
     logits = model_forward(model, params, batch, deterministic=True)
     return losses.cross_entropy_sums(logits, batch["targets"], label_smoothing)
+
+
+def perplexity(
+    eval_step: Callable[[Any, Batch], dict], params, batches, mesh: Mesh | None = None
+) -> dict[str, float]:
+    """Token-weighted loss, NLL, perplexity and accuracy over a split's batches (Table 3's PPL).
+
+    The one implementation: training passes its sharded Trainer.eval_step and mesh (each batch
+    placed as one global array over the mesh), evaluation the jitted eval_step of the model it
+    decodes with. The sums stay on the device until the end.
+    """
+    total = None
+    for batch in batches:
+        if mesh is not None:
+            batch = sharding.global_batch(batch, mesh)
+        sums = eval_step(params, batch)
+        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    if total is None:
+        raise ValueError("perplexity of no batches: the split is empty")
+    return losses.normalize_metrics(jax.device_get(total))
 
 
 @dataclasses.dataclass

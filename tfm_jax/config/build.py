@@ -4,8 +4,8 @@ experiments/ script builds its config here."""
 
 from __future__ import annotations
 
-from tfm_jax import config as config_lib
-from tfm_jax import paths
+from tfm_jax.config import core as config_lib
+from tfm_jax.config import paths
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -33,7 +33,7 @@ def build_config(spec: str | None, overrides: dict[str, str], workdir: str | Non
     if spec:
         cfg = config_lib.load_config_file(spec)
     elif workdir:
-        from tfm_jax import checkpoint  # only for a run's saved config
+        from tfm_jax.checkpoint import manager as checkpoint  # only for a run's saved config
 
         cfg = config_lib.config_from_json(checkpoint.read_config_json(workdir))
     else:

@@ -20,9 +20,15 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from tfm_jax import checkpoint, data, losses, optim, preemption, resume, sharding
+from tfm_jax import data
+from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.train import losses
+from tfm_jax.train import optim
+from tfm_jax.train import preemption
+from tfm_jax.train import resume
+from tfm_jax.train import sharding
 from tfm_jax.platform.host import resident_bytes
-from tfm_jax.train import CompiledStep, Trainer, TrainState, make_trainer
+from tfm_jax.train.trainer import CompiledStep, Trainer, TrainState, make_trainer, perplexity
 
 log = logging.getLogger(__name__)
 
@@ -110,15 +116,6 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
         ckpt.close()  # Orbax's threads must stop before the interpreter does
         raise
     return Run(cfg, workdir, trainer, tokenizer, train_iter, eval_batches, ckpt, state, start)
-
-
-def evaluate_perplexity(trainer: Trainer, params, batches) -> dict[str, float]:
-    """Token-weighted loss, NLL, perplexity and accuracy over a split's batches."""
-    total = None
-    for batch in batches:
-        sums = trainer.eval_step(params, sharding.global_batch(batch, trainer.mesh))
-        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-    return losses.normalize_metrics(jax.device_get(total))
 
 
 class MetricsWriter:
@@ -295,7 +292,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 t_log = time.time()
 
             if step % cfg.train.eval_every_steps == 0 or step == num_steps:
-                ev = evaluate_perplexity(trainer, state.params, run.eval_batches)
+                ev = perplexity(trainer.eval_step, state.params, run.eval_batches, trainer.mesh)
                 writer.write(step, "eval", ev)
                 log.info("step %d eval %s", step, ev)
                 metrics.update({f"eval_{k}": v for k, v in ev.items()})

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfm_jax import matmul
+from tfm_jax.model import matmul
 
 Array = jax.Array
 

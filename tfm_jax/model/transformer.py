@@ -8,9 +8,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfm_jax import attention, matmul
-from tfm_jax.attention import MultiHeadAttention
-from tfm_jax.embeddings import PositionalEncoding, SharedEmbedding
+from tfm_jax.model import attention
+from tfm_jax.model import matmul
+from tfm_jax.model.attention import MultiHeadAttention
+from tfm_jax.model.embeddings import PositionalEncoding, SharedEmbedding
 from tfm_jax.vocab_ids import BOS_ID, PAD_ID
 
 Array = jax.Array

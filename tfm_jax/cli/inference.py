@@ -12,21 +12,24 @@ from typing import Any
 
 import ml_collections
 
-from tfm_jax import attention_plot, checkpoint, data, paths, platform
-from tfm_jax.config import ConfigError
+from tfm_jax import data, platform
+from tfm_jax.viz import attention as attention_plot
+from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.config import paths
+from tfm_jax.config.core import ConfigError
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.inference import (
+from tfm_jax.decode.load import (
     InferenceError,
-    _checkpoint_names,
+    checkpoint_names,
     check_workdir,
     default_checkpoint,
-    evaluate_split,
     load_for_inference,
-    translate_texts,
 )
-from tfm_jax.overrides import build_config, split_overrides
+from tfm_jax.decode.translate import translate_texts
+from tfm_jax.eval.evaluate import evaluate_split
+from tfm_jax.config.build import build_config, split_overrides
 from tfm_jax.platform import cpu
-from tfm_jax.transformer import Transformer
+from tfm_jax.model.transformer import Transformer
 
 
 def _user_errors():
@@ -66,7 +69,7 @@ def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any
     try:
         cfg = build_config(args.config, dict(overrides), workdir=args.workdir)
     except checkpoint.CheckpointNotFoundError as e:
-        raise InferenceError(f"{e} ({_checkpoint_names(args.workdir)})") from None
+        raise InferenceError(f"{e} ({checkpoint_names(args.workdir)})") from None
     platform.init_runtime(cfg)  # the run's platform settings
     model, params, tokenizer = load_for_inference(args.workdir, which, cfg)
     return cfg, model, params, tokenizer, which
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     """Standalone entry (the package CLI registers the same commands via add_commands)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     argv, overrides = split_overrides(argv)
-    parser = argparse.ArgumentParser(prog="python -m tfm_jax.inference_cli")
+    parser = argparse.ArgumentParser(prog="python -m tfm_jax.cli.inference")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     paths.resolve_args(args)

@@ -8,10 +8,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfm_jax import matmul
+from tfm_jax.model import matmul
 
 Array = jax.Array
 Initializer = Callable[..., Array]
+
+# The decoding cache's variables that hold the encoder memory's keys and values, projected once.
+STATIC_KV = ("static_key", "static_value")
+
+
+def is_encoder_memory(path) -> bool:
+    """A cache leaf (by its pytree path) projected from the encoder output: equal for every beam
+    of a sentence, so beam search need not reorder it (decode.beam_search's beam_invariant)."""
+    return any(getattr(k, "key", None) in STATIC_KV for k in path)
 
 
 def padding_mask(query_valid: Array, key_valid: Array) -> Array:
@@ -163,12 +172,13 @@ class MultiHeadAttention(nn.Module):
         params and encoder output) and only read afterwards, so the decoding loop neither
         re-projects them nor branches on whether they exist.
         """
-        if not self.has_variable("cache", "static_key"):
+        key_name, value_name = STATIC_KV
+        if not self.has_variable("cache", key_name):
             key, value = project()
-            self.variable("cache", "static_key", lambda: key)
-            self.variable("cache", "static_value", lambda: value)
+            self.variable("cache", key_name, lambda: key)
+            self.variable("cache", value_name, lambda: value)
             return key, value
-        return self.get_variable("cache", "static_key"), self.get_variable("cache", "static_value")
+        return self.get_variable("cache", key_name), self.get_variable("cache", value_name)
 
     def _update_cache(self, key: Array, value: Array, mask: Array | None):
         """Writes this step's key/value at cache_index and returns the whole cache.

@@ -62,7 +62,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.train.num_steps = 100_000  # §5.2 base: 100K steps
     cfg.train.seed = 0
     # Dropout masks: "threefry_fused" draws JAX's default threefry bits, fused (fast on CPU;
-    # tfm_jax/prng.py); "threefry" is JAX's own lowering of the same bits; "rbg"/"unsafe_rbg"
+    # tfm_jax/train/prng.py); "threefry" is JAX's own lowering of the same bits; "rbg"/"unsafe_rbg"
     # are XLA's RngBitGenerator (other bits). "auto": the platform seam picks between the two
     # threefry ones (tfm_jax/platform), so the numbers are the same on every backend.
     cfg.train.dropout_prng = "auto"
@@ -109,7 +109,7 @@ def default_config() -> ml_collections.ConfigDict:
     # JAX's persistent compilation cache: "auto" (~/.cache/tfm_jax/xla), a folder, or "" (off).
     cfg.platform.compilation_cache = "auto"
 
-    # Filled in by the entry points (tfm_jax/paths.py), not by users: local paths in the config
+    # Filled in by the entry points (tfm_jax/config/paths.py), not by users: local paths in the config
     # are made absolute once, and the run records what was typed and where it was started from.
     cfg.paths = ml_collections.ConfigDict()
     cfg.paths.cwd = config_dict.placeholder(str)  # the directory relative paths were resolved in

@@ -1,0 +1,74 @@
+"""A workdir written before the package layout (tests/data/workdir_v0, made at commit b348338)
+still restores, translates, evaluates and resumes, with the outputs it gave then."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from loop_helpers import write_tiny_corpus
+from tfm_jax.cli.main import main
+
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "workdir_v0")
+GOLDEN = json.load(open(FIXTURE + ".golden.json", encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def old_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("old")
+    corpus = write_tiny_corpus(root / "corpus", **GOLDEN["corpus"])
+    workdir = root / "workdir"
+    shutil.copytree(FIXTURE, workdir)
+    return corpus, workdir
+
+
+@pytest.mark.parametrize("which", ["averaged", "latest"])
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_old_checkpoints_translate_as_they_did(old_run, tmp_path, which, search):
+    corpus, workdir = old_run
+    src = tmp_path / "in.en"
+    with open(corpus / "val.en", encoding="utf-8") as f:
+        src.write_text("".join(f.readline() for _ in range(4)))
+    out = tmp_path / "out.de"
+    argv = ["translate", f"--workdir={workdir}", f"--checkpoint={which}", "--cpu_devices=1",
+            f"--input={src}", f"--output={out}"] + (["--greedy"] if search == "greedy" else [])
+    assert main(argv) == 0
+    assert out.read_text().splitlines() == GOLDEN["translations"][f"{search}/{which}"]
+
+
+def test_old_run_evaluates_to_the_same_scores(old_run, tmp_path):
+    corpus, workdir = old_run
+    argv = ["evaluate", f"--workdir={workdir}", "--split=val", "--cpu_devices=1",
+            f"--config.data.dir={corpus}", f"--out={tmp_path}"]
+    assert main(argv) == 0
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    want = GOLDEN["evaluate_val_averaged"]
+    assert scores["num_sentences"] == want["num_sentences"]
+    assert scores["bleu"] == pytest.approx(want["bleu"], abs=1e-9)
+    assert scores["chrf"] == pytest.approx(want["chrf"], abs=1e-9)
+    np.testing.assert_allclose([scores["nll"], scores["ppl"]], [want["nll"], want["ppl"]],
+                               rtol=1e-5)  # fmt: skip
+
+
+def test_old_run_resumes_where_it_stopped(old_run):
+    corpus, workdir = old_run
+    argv = ["train", "--config=configs/small.py", f"--workdir={workdir}",
+            f"--config.data.dir={corpus}", "--config.train.num_steps=124", *GOLDEN["train_args"]]
+    cwd = os.getcwd()
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/ is relative
+    try:
+        assert main(argv) == 0
+    finally:
+        os.chdir(cwd)
+    with open(workdir / "metrics.jsonl", encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    train = {r["step"]: r["loss"] for r in records if r["kind"] == "train" and r["step"] > 120}
+    want = GOLDEN["resume_to_124"]
+    assert sorted(train) == [122, 124]  # continued from step 120, not from scratch
+    np.testing.assert_allclose([train[122], train[124]], [want["train"]["122"],
+                               want["train"]["124"]], rtol=1e-6)  # fmt: skip
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert evals[-1]["step"] == 124
+    np.testing.assert_allclose(evals[-1]["loss"], want["eval_loss_124"], rtol=1e-5)

@@ -1,0 +1,94 @@
+"""A run's model, params and vocabulary for decoding: "averaged", "latest" or a step (§6.1).
+
+A run trained with model.scan_layers comes back unrolled: the decoder's cache is per layer.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import ml_collections
+from absl import logging
+
+from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.data.tokenizer import Tokenizer
+from tfm_jax.model import transformer
+from tfm_jax.model.transformer import Transformer
+from tfm_jax.train import trainer as train
+
+
+class InferenceError(ValueError):
+    """A user-fixable problem (missing workdir, checkpoint, vocabulary or input file)."""
+
+
+def checkpoint_names(workdir: str) -> str:
+    avg = os.path.isdir(os.path.join(workdir, checkpoint.AVERAGED_DIR))
+    ckpt_dir = os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)
+    steps = sorted(
+        int(n) for n in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []) if n.isdigit()
+    )
+    return f"averaged checkpoint: {'yes' if avg else 'no'}; steps: {steps or 'none'}"
+
+
+def default_checkpoint(workdir: str) -> str:
+    """CLI default: "averaged" (§6.1 averages the last checkpoints) if it exists, else latest."""
+    return "averaged" if os.path.isdir(os.path.join(workdir, checkpoint.AVERAGED_DIR)) else "latest"
+
+
+def check_workdir(workdir: str) -> None:
+    if not workdir or not os.path.isdir(workdir):
+        raise InferenceError(
+            f"workdir {workdir!r} does not exist; pass the --workdir of a training run"
+        )
+
+
+def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
+    """The run's vocabulary: data.vocab_path, else the one training cached under <workdir>/vocab.
+
+    Never trains one: a new vocabulary would not match the model's embedding rows. Looking in
+    <workdir>/vocab (rather than recomputing get_tokenizer's fingerprint) keeps evaluation of
+    another folder (--config.data.dir=...) on the run's own vocabulary.
+    """
+    if cfg.data.vocab_path:
+        if not os.path.isfile(cfg.data.vocab_path):
+            raise InferenceError(f"data.vocab_path={cfg.data.vocab_path!r} does not exist")
+        return Tokenizer.load(cfg.data.vocab_path, cfg.data.num_workers)
+    pattern = os.path.join(workdir, "vocab", f"spm_{cfg.data.vocab_size}_*.model")
+    found = sorted(glob.glob(pattern), key=os.path.getmtime)
+    if not found:
+        raise InferenceError(
+            f"no vocabulary matches {pattern}; pass --config.data.vocab_path=<the run's "
+            "sentencepiece .model>"
+        )
+    if len(found) > 1:
+        logging.warning("Several vocabularies match %s; using the newest, %s", pattern, found[-1])
+    return Tokenizer.load(found[-1], cfg.data.num_workers)
+
+
+def load_for_inference(
+    workdir: str, which: str | int, cfg: ml_collections.ConfigDict
+) -> tuple[Transformer, Any, Tokenizer]:
+    """(model, params, tokenizer) of `which` checkpoint: "averaged", "latest" or a step.
+
+    A run trained with model.scan_layers comes back unrolled (the decoder's cache is per layer).
+    """
+    check_workdir(workdir)
+    trainer = train.make_trainer(cfg)
+    try:
+        params = checkpoint.load_params(workdir, str(which), trainer.abstract_state.params)
+    except checkpoint.CheckpointNotFoundError as e:
+        raise InferenceError(f"{e} ({checkpoint_names(workdir)})") from None
+    except ValueError as e:  # a `which` that is neither a name nor a step
+        raise InferenceError(f"--checkpoint={which}: {e}") from None
+    tokenizer = load_tokenizer(cfg, workdir)
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise InferenceError(
+            f"the vocabulary has {tokenizer.vocab_size} pieces but model.vocab_size is "
+            f"{cfg.model.vocab_size}; this vocabulary belongs to another run"
+        )
+    if cfg.model.scan_layers:
+        model = trainer.model.clone(scan_layers=False)
+        return model, transformer.unstack_layers(params, cfg.model.num_layers), tokenizer
+    return trainer.model, params, tokenizer

@@ -1,0 +1,1 @@
+"""Figures: attention heatmaps of one sentence (attention.py) and learning curves (curves.py)."""
