@@ -6,7 +6,7 @@ d_model 256, 3+3 layers, 4 heads of 64, d_ff 1024, an 8k joint BPE vocabulary. M
 epoch: batches are ~4k tokens a side and warmup is shortened in proportion to the run.
 """
 
-from tfm_jax.config.core import default_config
+from tfm_jax.config.defaults import default_config
 
 
 def get_config():

@@ -69,10 +69,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tfm_jax.config import paths
-from tfm_jax.train import sharding
-from tfm_jax.train import trainer as train  # noqa: E402
+from tfm_jax.checkpoint import layout  # noqa: E402
+from tfm_jax.config import paths  # noqa: E402
 from tfm_jax.config.build import build_config, split_overrides  # noqa: E402
+from tfm_jax.train import sharding  # noqa: E402
+from tfm_jax.train import trainer as train  # noqa: E402
 
 
 def emit(record: dict) -> None:
@@ -453,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             emit(record)
     if "decode" in args.benches:
         spec = args.config[0] if args.config else (None if args.workdir else specs[0])
-        cfg = build_config(spec, dict(overrides), workdir=args.workdir)
+        saved = layout.read_config_json(args.workdir) if spec is None else None
+        cfg = build_config(spec, dict(overrides), saved)
         progress(f"decode: beam 4 and greedy on {cfg.data.test_split} (each pass twice)")
         emit(bench_decode_record(cfg, args.decode_limit, args.workdir))
     if "input" in args.benches:

@@ -20,8 +20,9 @@ import jax
 import ml_collections
 
 from tfm_jax import data, platform
-from tfm_jax.decode import load, translate
+from tfm_jax.checkpoint import layout
 from tfm_jax.config import paths
+from tfm_jax.decode import load, translate
 from tfm_jax.train import trainer as train
 
 
@@ -95,7 +96,8 @@ def main(argv=None) -> int:
     paths.resolve_args(args)
     platform.split_cpu_devices(args.cpu_devices)
     spec = args.config or (None if args.workdir else "configs/small.py")
-    cfg = build_config(spec, overrides, workdir=args.workdir)
+    saved = layout.read_config_json(args.workdir) if spec is None else None
+    cfg = build_config(spec, overrides, saved)
     print(json.dumps(bench_decode(cfg, args.workdir, args.limit)))
     return 0
 

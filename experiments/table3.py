@@ -34,7 +34,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from tfm_jax.config import paths  # noqa: E402
-from tfm_jax.config.core import TABLE3, table3_config  # noqa: E402
+from tfm_jax.config.build import load_config_module  # noqa: E402
+
+# The rows (and the paper's numbers) live in the config file the runs are started with.
+TABLE3_CONFIG = load_config_module(os.path.join(REPO, "configs", "table3.py"))
+TABLE3 = TABLE3_CONFIG.ROWS
 
 SMALL_STEP_DIVISOR = 250  # 100K paper steps -> 400 steps
 WIDTH_KEYS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")
@@ -42,7 +46,7 @@ WIDTH_KEYS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")
 
 def row_model(row: str) -> dict:
     """The paper's hyper-parameters of a row (base filled in), as dotted config keys."""
-    cfg = table3_config(row)
+    cfg = TABLE3_CONFIG.row_config(row)
     return {
         "model.num_layers": cfg.model.num_layers,
         "model.d_model": cfg.model.d_model,

@@ -12,15 +12,18 @@ import pytest  # noqa: E402
 # more devices run their own process.
 jax.devices()
 
-from tfm_jax.config import core as config_lib  # noqa: E402
+from tfm_jax.config.build import apply_overrides  # noqa: E402
+from tfm_jax.config.defaults import default_config  # noqa: E402
+from tfm_jax.config.validate import validate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
 
 
 def tiny_config(**overrides):
-    """default_config() shrunk to a 2-layer, d_model 32 model over a 64-token vocabulary."""
-    cfg = config_lib.default_config()
+    """default_config() shrunk to a 2-layer, d_model 32 model over a 64-token vocabulary, validated
+    as every config the CLI builds is (the model modules do not check their settings)."""
+    cfg = default_config()
     tiny = {
         "model.vocab_size": 64,
         "model.num_layers": 2,
@@ -34,7 +37,8 @@ def tiny_config(**overrides):
         "optim.warmup_steps": 10,
     }
     tiny.update(overrides)
-    config_lib.apply_overrides(cfg, tiny)
+    apply_overrides(cfg, tiny)
+    validate(cfg)
     return cfg
 
 

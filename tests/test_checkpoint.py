@@ -1,4 +1,4 @@
-"""Tests for tfm_jax/checkpoint/manager.py: round trip, retention, triggers, averaging, damage."""
+"""Tests for tfm_jax/checkpoint/: round trip, retention, triggers, averaging, damage."""
 
 import json
 import logging
@@ -11,7 +11,10 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax.checkpoint import manager as ckpt_lib
+from tfm_jax.checkpoint import averaging
+from tfm_jax.checkpoint import errors as ckpt_errors
+from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.checkpoint import manager as checkpoint
 
 CONFIG_JSON = json.dumps({"model": {"num_layers": 2, "d_model": 8}, "optim": {"warmup": 4}})
 DATA_STATE = {"epoch": 1, "position": 12345, "files": ["a.tfrecord", "b.tfrecord"]}
@@ -78,7 +81,7 @@ def _assert_trees_equal(a, b):
 
 def _ckpt(tmp_path, **kw):
     kw = {"every_steps": 0, "every_secs": 0, "keep": 5, **kw}
-    return ckpt_lib.Checkpointer(tmp_path, **kw)
+    return checkpoint.Checkpointer(tmp_path, **kw)
 
 
 def _save_steps(tmp_path, steps, **kw):
@@ -114,9 +117,11 @@ def test_round_trip_is_bitwise(tmp_path):
     for x, y in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
         assert x.sharding.is_equivalent_to(y.sharding, x.ndim)
     assert data_state == DATA_STATE
-    assert ckpt_lib.read_config_json(tmp_path) == json.loads(CONFIG_JSON)
-    assert ckpt_lib.read_config_json(tmp_path, which="7") == json.loads(CONFIG_JSON)
-    _assert_trees_equal(ckpt_lib.load_params(tmp_path, "7", _abstract(state.params)), state.params)
+    assert ckpt_layout.read_config_json(tmp_path) == json.loads(CONFIG_JSON)
+    assert ckpt_layout.read_config_json(tmp_path, which="7") == json.loads(CONFIG_JSON)
+    _assert_trees_equal(
+        ckpt_layout.load_params(tmp_path, "7", _abstract(state.params)), state.params
+    )
 
 
 def test_restore_latest_empty_returns_none(tmp_path):
@@ -167,7 +172,7 @@ def test_refuses_non_finite_params(tmp_path):
     params = jax.tree.map(lambda x: x, state.params)
     params["dense"]["bias"] = params["dense"]["bias"].at[2].set(jnp.nan)
     with _ckpt(tmp_path) as ckpt:
-        with pytest.raises(ckpt_lib.NonFiniteStateError, match=r"step 3.*\['dense'\]\['bias'\]"):
+        with pytest.raises(ckpt_errors.NonFiniteStateError, match=r"step 3.*\['dense'\]\['bias'\]"):
             ckpt.maybe_save(3, state.replace(params=params), DATA_STATE, CONFIG_JSON, force=True)
         ckpt.wait()
         assert ckpt.all_steps() == []
@@ -182,11 +187,11 @@ def test_rejects_non_json_data_state(tmp_path):
 def test_average_equals_mean_of_inputs(tmp_path):
     states = _save_steps(tmp_path, [1, 2, 3])
     abstract = _abstract(states[1].params)
-    result = ckpt_lib.average_checkpoints(tmp_path, 2, abstract)
+    result = averaging.average_checkpoints(tmp_path, 2, abstract)
     assert result.steps == [2, 3]
-    assert ckpt_lib.read_averaged_steps(tmp_path) == [2, 3]
+    assert averaging.read_averaged_steps(tmp_path) == [2, 3]
 
-    averaged = ckpt_lib.load_params(tmp_path, "averaged", abstract)
+    averaged = ckpt_layout.load_params(tmp_path, "averaged", abstract)
     for path, leaf in jax.tree_util.tree_flatten_with_path(averaged)[0]:
         inputs = [np.asarray(_leaf(states[s].params, path), np.float32) for s in (2, 3)]
         expected = (np.mean(inputs, axis=0)).astype(leaf.dtype)
@@ -195,10 +200,10 @@ def test_average_equals_mean_of_inputs(tmp_path):
         )
         assert leaf.dtype == _leaf(states[3].params, path).dtype
         assert leaf.sharding.is_equivalent_to(_leaf(abstract, path).sharding, leaf.ndim)
-    assert ckpt_lib.read_config_json(tmp_path, which="averaged") == json.loads(CONFIG_JSON)
+    assert ckpt_layout.read_config_json(tmp_path, which="averaged") == json.loads(CONFIG_JSON)
 
     with pytest.raises(ValueError, match=r"only 3 complete ones exist.*steps \[1, 2, 3\]"):
-        ckpt_lib.average_checkpoints(tmp_path, 5, abstract)
+        averaging.average_checkpoints(tmp_path, 5, abstract)
 
 
 def _leaf(tree, path):
@@ -266,32 +271,32 @@ def test_killed_save_is_never_listed(tmp_path):
         assert ckpt.all_steps() == [1]
         _, _, step = ckpt.restore_latest(_abstract(states[2]))
         assert step == 1
-    assert ckpt_lib.load_params(tmp_path, "latest", _abstract(states[1].params)) is not None
+    assert ckpt_layout.load_params(tmp_path, "latest", _abstract(states[1].params)) is not None
 
 
 def test_mismatched_abstract_state_raises_and_moves_nothing(tmp_path):
     states = _save_steps(tmp_path, [1, 2])
     wrong = _abstract(states[2].replace(params={"other": jnp.zeros((3,))}))
     with _ckpt(tmp_path) as ckpt:
-        with pytest.raises(ckpt_lib.CheckpointRestoreError, match="original config"):
+        with pytest.raises(ckpt_errors.CheckpointRestoreError, match="original config"):
             ckpt.restore_latest(wrong)
         assert ckpt.all_steps() == [1, 2]
 
 
 def test_load_params_errors_say_what_exists(tmp_path):
     abstract = _abstract(_make_params(0))
-    with pytest.raises(ckpt_lib.CheckpointNotFoundError) as e:
-        ckpt_lib.load_params(tmp_path, "averaged", abstract)
+    with pytest.raises(ckpt_errors.CheckpointNotFoundError) as e:
+        ckpt_layout.load_params(tmp_path, "averaged", abstract)
     msg = str(e.value)
     assert "no checkpoints" in msg
     assert f"python -m tfm_jax average --workdir={tmp_path} --last=5" in msg
-    with pytest.raises(ckpt_lib.CheckpointNotFoundError, match="no complete checkpoint"):
-        ckpt_lib.load_params(tmp_path, "latest", abstract)
-    with pytest.raises(ckpt_lib.CheckpointNotFoundError):
-        ckpt_lib.read_config_json(tmp_path)
+    with pytest.raises(ckpt_errors.CheckpointNotFoundError, match="no complete checkpoint"):
+        ckpt_layout.load_params(tmp_path, "latest", abstract)
+    with pytest.raises(ckpt_errors.CheckpointNotFoundError):
+        ckpt_layout.read_config_json(tmp_path)
 
     _save_steps(tmp_path, [4])
-    with pytest.raises(ckpt_lib.CheckpointNotFoundError, match=r"steps \[4\] exist"):
-        ckpt_lib.load_params(tmp_path, "9", abstract)
+    with pytest.raises(ckpt_errors.CheckpointNotFoundError, match=r"steps \[4\] exist"):
+        ckpt_layout.load_params(tmp_path, "9", abstract)
     with pytest.raises(ValueError, match="'averaged', 'latest' or a step number"):
-        ckpt_lib.load_params(tmp_path, "best", abstract)
+        ckpt_layout.load_params(tmp_path, "best", abstract)

@@ -12,7 +12,7 @@ import pytest
 
 from tfm_jax import data
 from tfm_jax.data import DataError, sources, tokenizer
-from tfm_jax.data.batching import tokenize_split
+from tfm_jax.data.tokenized import tokenize_split
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")

@@ -15,12 +15,15 @@ import numpy as np
 import pytest
 from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
+from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
-from tfm_jax.config import core as config
-from tfm_jax.train import loop
-from tfm_jax.config import paths
-from tfm_jax.train import trainer as train
 from tfm_jax.cli.main import main
+from tfm_jax.config import paths
+from tfm_jax.config import validate as config
+from tfm_jax.config.build import load_config_module
+from tfm_jax.config.defaults import default_config
+from tfm_jax.train import loop
+from tfm_jax.train import trainer as train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -65,7 +68,7 @@ def wait_for_step(log_path, at_least: int, proc, timeout=300) -> None:
 
 def params_at(workdir, step, cfg):
     abstract = train.make_trainer(cfg).abstract_state.params
-    return jax.device_get(checkpoint.load_params(workdir, str(step), abstract))
+    return jax.device_get(ckpt_layout.load_params(workdir, str(step), abstract))
 
 
 def long_run_args(corpus, **extra):
@@ -193,7 +196,7 @@ def test_resume_with_a_changed_model_is_a_clear_error(corpus, trained):
 def test_resume_keys_are_classified(corpus, trained):
     from tfm_jax.train import resume
 
-    saved = checkpoint.read_config_json(trained)
+    saved = ckpt_layout.read_config_json(trained)
     cfg = tiny_run_config(corpus, **{"train.num_steps": 99, "decode.alpha": 1.0,
                                      "optim.lr_factor": 2.0, "model.num_heads": 4,
                                      "model.d_k": 8, "model.d_v": 8,
@@ -224,7 +227,7 @@ def test_every_checkpoint_corrupt_is_a_clear_error(corpus, trained, tmp_path):
 
 
 def test_every_numeric_key_has_a_range_and_out_of_range_is_an_error(capsys):
-    keys = set(config.numeric_keys(config.default_config()))
+    keys = set(config.numeric_keys(default_config()))
     assert keys == set(config.RANGES), keys ^ set(config.RANGES)
     for key, bad in (("train.num_steps", -5), ("model.dropout", 1.5), ("mesh.data", 0),
                      ("optim.eps", 0.0), ("decode.beam_size", 0)):  # fmt: skip
@@ -233,10 +236,11 @@ def test_every_numeric_key_has_a_range_and_out_of_range_is_an_error(capsys):
         err = capsys.readouterr().err
         assert rc == 2 and f"config key {key}={bad!r} is out of range" in err, err
         assert "must be" in err and f"--config.{key}=" in err
-    cfg = config.default_config()
+    cfg = default_config()
     config.validate(cfg)  # the defaults are in range
-    for row in config.TABLE3:
-        config.validate(config.table3_config(row))
+    table3 = load_config_module(os.path.join(REPO, "configs", "table3.py"))
+    for row in table3.ROWS:
+        config.validate(table3.row_config(row))
 
 
 def test_paths_are_resolved_once_and_recorded(tmp_path, monkeypatch):
@@ -245,7 +249,7 @@ def test_paths_are_resolved_once_and_recorded(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert paths.resolve("runs/a") == str(tmp_path / "runs" / "a")
     assert paths.resolve("~/x") == os.path.expanduser("~/x")
-    cfg = config.default_config()
+    cfg = default_config()
     cfg.data.dir = "../data"
     paths.resolve_config_paths(cfg, workdir="runs/a")
     assert cfg.data.dir == str(tmp_path.parent / "data")

@@ -17,14 +17,15 @@ from conftest import REPO, tiny_config
 from jax import lax
 
 from tfm_jax import data
+from tfm_jax.checkpoint import averaging
 from tfm_jax.checkpoint import manager as checkpoint
-from tfm_jax.decode import search as decode
-from tfm_jax.decode import load, translate
 from tfm_jax.cli import inference as inference_cli
+from tfm_jax.config.build import split_overrides
+from tfm_jax.decode import load, translate
+from tfm_jax.decode import search as decode
+from tfm_jax.model.transformer import Transformer
 from tfm_jax.train import trainer as train
 from tfm_jax.viz.attention import capture_attention
-from tfm_jax.config.build import split_overrides
-from tfm_jax.model.transformer import Transformer
 from tfm_jax.vocab_ids import EOS_ID
 
 # ----------------------------------------------------------------------------- cached == full
@@ -159,7 +160,7 @@ def run(tmp_path_factory):
             state, _ = trainer.train_step(state, next(batches))
             if step in (20, 30):
                 ckpt.maybe_save(step, state, batches.get_state(), cfg.to_json(), force=True)
-    checkpoint.average_checkpoints(workdir, 2, trainer.abstract_state.params)
+    averaging.average_checkpoints(workdir, 2, trainer.abstract_state.params)
     return cfg, workdir
 
 

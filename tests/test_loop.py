@@ -2,6 +2,7 @@
 compilation (and one compile record) per batch shape, the 2-process jax.distributed run (the CLI
 end to end: test_readme.py)."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
+from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
 from tfm_jax.train import loop
 from tfm_jax.train import trainer as train
@@ -43,7 +45,7 @@ def cli(args, **kw):
 
 def final_params(workdir, cfg):
     trainer = train.make_trainer(cfg)
-    return jax.device_get(checkpoint.load_params(workdir, "latest", trainer.abstract_state.params))
+    return jax.device_get(ckpt_layout.load_params(workdir, "latest", trainer.abstract_state.params))
 
 
 @pytest.mark.slow
@@ -81,8 +83,30 @@ def test_resume_after_sigkill_is_bitwise_exact(corpus, tmp_path):
         np.testing.assert_array_equal(x, y)  # bitwise on CPU
 
 
-def test_nan_stops_training_without_a_nan_checkpoint(corpus, tmp_path):
-    cfg = tiny_run_config(corpus, **{"train.nan_at_step": 6, "train.num_steps": 12})
+def diverge_from(step, monkeypatch):
+    """Makes the loop's compiled train steps diverge: from `step` on (the step counted from 1),
+    the state they return has NaN params and their metrics a NaN loss, as after a blow-up."""
+    compile_for_shape = loop.compile_for_shape
+
+    def poisoned(*args, **kwargs):
+        compiled = compile_for_shape(*args, **kwargs)
+
+        def run(state, batch):
+            state, metrics = compiled.executable(state, batch)
+            if int(jax.device_get(state.step)) >= step:
+                nan = lambda x: x * np.nan  # noqa: E731  (keeps each array's sharding)
+                state = state.replace(params=jax.tree.map(nan, state.params))
+                metrics = {**metrics, "loss": nan(metrics["loss"])}
+            return state, metrics
+
+        return dataclasses.replace(compiled, executable=run)
+
+    monkeypatch.setattr(loop, "compile_for_shape", poisoned)
+
+
+def test_nan_stops_training_without_a_nan_checkpoint(corpus, tmp_path, monkeypatch):
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 12})
+    diverge_from(7, monkeypatch)
     with pytest.raises(loop.NonFiniteLossError, match=r"step 8.*last good checkpoint is step 4"):
         loop.train_and_evaluate(cfg, str(tmp_path))
     # the checkpoint at step 8 (after the NaN at step 7) was never written
@@ -112,8 +136,8 @@ def test_averaging_cli_equals_mean_of_inputs(corpus, tmp_path):
     assert json.loads(out.strip().splitlines()[-1])["steps"] == [4, 8]
     trainer = train.make_trainer(cfg)
     abstract = trainer.abstract_state.params
-    p4, p8 = (checkpoint.load_params(tmp_path, s, abstract) for s in ("4", "8"))
-    avg = checkpoint.load_params(tmp_path, "averaged", abstract)
+    p4, p8 = (ckpt_layout.load_params(tmp_path, s, abstract) for s in ("4", "8"))
+    avg = ckpt_layout.load_params(tmp_path, "averaged", abstract)
     for a, x, y in zip(*(jax.tree.leaves(t) for t in (avg, p4, p8)), strict=False):
         np.testing.assert_allclose(np.asarray(a), (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6)
 

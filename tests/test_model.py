@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfm_jax.model import attention
 from tfm_jax.decode import load, translate
 from tfm_jax.eval import evaluate
+from tfm_jax.model import attention
 from tfm_jax.model.embeddings import sinusoidal_table
 from tfm_jax.model.transformer import Transformer, shift_right, stack_layers, unstack_layers
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID

@@ -7,8 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from loop_helpers import write_tiny_corpus
+
 from tfm_jax.cli.main import main
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "workdir_v0")
@@ -32,16 +32,28 @@ def test_old_checkpoints_translate_as_they_did(old_run, tmp_path, which, search)
     with open(corpus / "val.en", encoding="utf-8") as f:
         src.write_text("".join(f.readline() for _ in range(4)))
     out = tmp_path / "out.de"
-    argv = ["translate", f"--workdir={workdir}", f"--checkpoint={which}", "--cpu_devices=1",
-            f"--input={src}", f"--output={out}"] + (["--greedy"] if search == "greedy" else [])
+    argv = [
+        "translate",
+        f"--workdir={workdir}",
+        f"--checkpoint={which}",
+        "--cpu_devices=1",
+        f"--input={src}",
+        f"--output={out}",
+    ] + (["--greedy"] if search == "greedy" else [])
     assert main(argv) == 0
     assert out.read_text().splitlines() == GOLDEN["translations"][f"{search}/{which}"]
 
 
 def test_old_run_evaluates_to_the_same_scores(old_run, tmp_path):
     corpus, workdir = old_run
-    argv = ["evaluate", f"--workdir={workdir}", "--split=val", "--cpu_devices=1",
-            f"--config.data.dir={corpus}", f"--out={tmp_path}"]
+    argv = [
+        "evaluate",
+        f"--workdir={workdir}",
+        "--split=val",
+        "--cpu_devices=1",
+        f"--config.data.dir={corpus}",
+        f"--out={tmp_path}",
+    ]
     assert main(argv) == 0
     scores = json.loads((tmp_path / "scores.json").read_text())
     want = GOLDEN["evaluate_val_averaged"]
@@ -54,8 +66,14 @@ def test_old_run_evaluates_to_the_same_scores(old_run, tmp_path):
 
 def test_old_run_resumes_where_it_stopped(old_run):
     corpus, workdir = old_run
-    argv = ["train", "--config=configs/small.py", f"--workdir={workdir}",
-            f"--config.data.dir={corpus}", "--config.train.num_steps=124", *GOLDEN["train_args"]]
+    argv = [
+        "train",
+        "--config=configs/small.py",
+        f"--workdir={workdir}",
+        f"--config.data.dir={corpus}",
+        "--config.train.num_steps=124",
+        *GOLDEN["train_args"],
+    ]
     cwd = os.getcwd()
     os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/ is relative
     try:

@@ -5,8 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax.train import losses
-from tfm_jax.train import optim
+from tfm_jax.train import losses, optim
 
 
 @pytest.mark.parametrize(

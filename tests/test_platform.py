@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from tfm_jax import platform
-from tfm_jax.config import core as config
+from tfm_jax.config import defaults as config
 from tfm_jax.platform import cpu
 from tfm_jax.platform import host as hostenv  # the malloc half of the seam
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from tfm_jax.config import core as config_lib
+from tfm_jax.config import validate as config_lib
 from tfm_jax.train import prng
 from tfm_jax.train import trainer as train
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -80,12 +81,31 @@ def test_eval_step_matches_loss_sums(tiny_cfg):
     assert float(sums["nll"]) / float(sums["tokens"]) == pytest.approx(np.log(64), rel=0.2)
 
 
-def test_nan_hook_makes_loss_nan():
-    from conftest import tiny_config
-
-    trainer = train.make_trainer(tiny_config(**{"train.nan_at_step": 1}))
+def test_diverged_params_give_a_nan_loss_metric(tiny_cfg):
+    """What the loop's NaN stop reads: a state gone non-finite shows in metrics["loss"]."""
+    trainer = train.make_trainer(tiny_cfg)
     state = trainer.init_state(0)
     batch = sharding.global_batch(fixed_batch(), trainer.mesh)
     state, m0 = trainer.train_step(state, batch)
+    assert np.isfinite(float(m0["loss"]))
+    state = state.replace(params=jax.tree.map(lambda p: p * np.nan, state.params))
     state, m1 = trainer.train_step(state, batch)
-    assert np.isfinite(float(m0["loss"])) and np.isnan(float(m1["loss"]))
+    assert np.isnan(float(m1["loss"])) and np.isnan(float(m1["grad_norm"]))
+    assert float(m1["tokens"]) == float(m0["tokens"])  # the token count is not poisoned
+
+
+def test_trainer_schedule_is_the_learning_rate_applied(tiny_cfg):
+    """Trainer.schedule (what the loop logs as lr) is the one inside the optimizer: Adam's
+    first update moves each weight with a non-negligible gradient by lr = schedule(0)."""
+    cfg = tiny_cfg
+    cfg.model.dropout = 0.0
+    trainer = train.make_trainer(cfg)
+    state = trainer.init_state(0)
+    before = jax.device_get(state.params)
+    state, _ = trainer.train_step(state, sharding.global_batch(fixed_batch(), trainer.mesh))
+    step = max(float(np.max(np.abs(a - b)))
+               for a, b in zip(jax.tree.leaves(jax.device_get(state.params)),
+                               jax.tree.leaves(before), strict=True))  # fmt: skip
+    lr = float(trainer.schedule(0))
+    assert lr == pytest.approx(cfg.optim.d_model**-0.5 * cfg.optim.warmup_steps**-1.5, rel=1e-6)
+    assert step == pytest.approx(lr, rel=1e-3)

@@ -1,84 +1,38 @@
-"""Checkpoints (§5, §6): Orbax manager, 10-minute saves, checkpoint averaging.
+"""Saves, restores and resumes a run's checkpoints: TrainState, data position and config (§5).
 
-Layout of a run's workdir::
-
-  <workdir>/checkpoints/<step>/   one Orbax checkpoint per save, items:
-      state/    the TrainState (StandardSave; restored into the caller's shardings)
-      data/     the data iterator's position (JSON)
-      config/   the run's config (JSON)
-  <workdir>/averaged/             written by `average_checkpoints`, items:
-      params/   element-wise mean of the params of the last N checkpoints
-      meta/     {"steps": [...], "source": ...} (JSON)
-      config/   the config of the newest averaged checkpoint (JSON)
-
-Crash safety: Orbax writes every checkpoint into `<step>.orbax-checkpoint-tmp-<ts>/`, writes
-`commit_success.txt` and renames it to `<step>/` only when every item is written (on GCS,
-where rename is not atomic, the commit file alone marks completion). A kill mid-save therefore
-leaves a tmp directory that Orbax never lists as a step and deletes when the next manager
-opens the directory. On top of that, `Checkpointer.restore_latest` checks the commit marker
-itself and falls back to the previous checkpoint when the newest one fails to restore
-(a truncated or deleted file), so a damaged newest checkpoint costs one save interval, not
-the run.
+Crash safety: Orbax writes every checkpoint into `<step>.orbax-checkpoint-tmp-<ts>/` and renames
+it to `<step>/` only when every item is written (on GCS, where rename is not atomic, a commit
+file marks completion). A kill mid-save therefore leaves a tmp directory that Orbax never lists
+as a step and deletes when the next manager opens the directory. On top of that,
+`Checkpointer.restore_latest` checks each step's commit record itself and falls back to the
+previous checkpoint when the newest one fails to restore (a truncated or deleted file), moving
+the damaged one aside, so a damaged newest checkpoint costs one save interval, not the run.
+The workdir's layout is described in layout.py.
 """
 
 from __future__ import annotations
 
-import functools
 import json
+import logging
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
-from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax.config import paths
+from tfm_jax.checkpoint import layout
+from tfm_jax.checkpoint.errors import CheckpointRestoreError, NonFiniteStateError
+from tfm_jax.checkpoint.layout import CONFIG, DATA, STATE
+
+log = logging.getLogger(__name__)
 
 PyTree = Any
 ConfigJson = str | Mapping[str, Any]
-
-CHECKPOINTS_DIR = "checkpoints"
-AVERAGED_DIR = "averaged"
-_STATE, _DATA, _CONFIG = "state", "data", "config"
-_PARAMS, _META = "params", "meta"
-# Orbax's per-checkpoint completion marker (written just before the atomic rename).
-_COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE
-_STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
-
-
-class NonFiniteStateError(ValueError):
-    """Raised instead of saving a state whose params contain NaN or Inf."""
-
-
-class CheckpointNotFoundError(FileNotFoundError):
-    """The requested checkpoint does not exist in the workdir."""
-
-
-class CheckpointRestoreError(RuntimeError):
-    """No checkpoint in the directory could be restored."""
-
-
-class AveragedCheckpoint(NamedTuple):
-    path: str  # <workdir>/averaged
-    steps: list[int]  # the steps whose params were averaged, ascending
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _checkpoints_dir(workdir: str | epath.Path) -> epath.Path:
-    # Orbax refuses relative paths; the CLI resolves them, library callers may not have.
-    return epath.Path(paths.resolve(str(workdir))) / CHECKPOINTS_DIR
-
-
-def _averaged_dir(workdir: str | epath.Path) -> epath.Path:
-    return epath.Path(paths.resolve(str(workdir))) / AVERAGED_DIR
 
 
 def _config_to_json_obj(config_json: ConfigJson) -> Any:
@@ -134,121 +88,11 @@ def _raise_if_nonfinite(params: PyTree, step: int) -> None:
         )
 
 
-def _uncommitted_reason(step_dir: epath.Path, items: Sequence[str]) -> str | None:
-    """Why `step_dir` is not a complete checkpoint, or None if it looks complete.
-
-    Orbax only lists renamed (local) or commit-marked (GCS) directories, but a directory can
-    still lose its marker or items afterwards (a partial copy, a manual edit), so check.
-    """
-    if not step_dir.is_dir():
-        return "directory is missing"
-    if not (step_dir / _COMMIT_FILE).exists():
-        # Older Orbax versions mark completion only in the step metadata.
-        try:
-            meta = json.loads((step_dir / _STEP_METADATA_FILE).read_text())
-        except (OSError, ValueError):
-            meta = {}
-        if not meta.get("commit_timestamp_nsecs"):
-            return f"no commit marker ({_COMMIT_FILE}): the save did not finish"
-    missing = [name for name in items if not (step_dir / name).is_dir()]
-    if missing:
-        return f"item(s) {missing} missing"
-    return None
-
-
-def _with_default_shardings(abstract: PyTree) -> PyTree:
-    """Leaves without `.sharding` are restored onto the first local device."""
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-    def fix(x):
-        sharding = getattr(x, "sharding", None)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding or device)
-
-    return jax.tree.map(fix, abstract)
-
-
 def _all_processes_ok(ok: bool) -> bool:
     """All hosts must take the same branch, or the next collective hangs."""
     if jax.process_count() == 1:
         return ok
     return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
-
-
-def _read_only_manager(workdir: str | epath.Path) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(
-        _checkpoints_dir(workdir),
-        item_names=(_STATE, _DATA, _CONFIG),
-        options=ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0),
-    )
-
-
-def _existing_steps(workdir: str | epath.Path) -> list[int]:
-    if not _checkpoints_dir(workdir).is_dir():
-        return []
-    with _read_only_manager(workdir) as mngr:
-        return sorted(mngr.all_steps())
-
-
-def latest_step_on_disk(workdir: str | epath.Path) -> int | None:
-    """The newest step Orbax lists in the workdir, complete or not (None if there is none)."""
-    steps = _existing_steps(workdir)
-    return steps[-1] if steps else None
-
-
-def _restore_params_from_step(
-    workdir: str | epath.Path, step: int, abstract_params: PyTree
-) -> PyTree:
-    """Reads only `state.params` of one checkpoint (the optimizer state stays on disk)."""
-    abstract = {"params": _with_default_shardings(abstract_params)}
-    with ocp.PyTreeCheckpointer() as ckptr:
-        restored = ckptr.restore(
-            _checkpoints_dir(workdir) / str(step) / _STATE,
-            args=ocp.args.PyTreeRestore(
-                item=abstract,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
-                partial_restore=True,
-            ),
-        )
-    return restored["params"]
-
-
-def _not_found(workdir: str | epath.Path, which: str, why: str) -> CheckpointNotFoundError:
-    steps = _existing_steps(workdir)
-    avg = _averaged_dir(workdir)
-    exists = (
-        f"checkpoints at steps {steps} exist under {_checkpoints_dir(workdir)}"
-        if steps
-        else f"there are no checkpoints under {_checkpoints_dir(workdir)}"
-    )
-    exists += "; an averaged checkpoint exists" if avg.is_dir() else "; no averaged checkpoint"
-    return CheckpointNotFoundError(
-        f"No checkpoint {which!r} in workdir {workdir}: {why}. {exists}. Pass which='latest', "
-        "'averaged' or a step number; create an averaged checkpoint with "
-        f"`python -m tfm_jax average --workdir={workdir} --last=5` (§6: 5 for base, 20 for big)."
-    )
-
-
-def _resolve_step(workdir: str | epath.Path, which: str) -> int:
-    """Maps 'latest' or '<step>' to the step of a complete checkpoint."""
-    steps = _existing_steps(workdir)
-    if which == "latest":
-        for step in reversed(steps):
-            reason = _uncommitted_reason(
-                _checkpoints_dir(workdir) / str(step), (_STATE, _DATA, _CONFIG)
-            )
-            if reason is None:
-                return step
-            logging.warning("Skipping checkpoint %d in %s: %s", step, workdir, reason)
-        raise _not_found(workdir, which, "no complete checkpoint")
-    try:
-        step = int(which)
-    except ValueError:
-        raise ValueError(
-            f"which must be 'averaged', 'latest' or a step number, got {which!r}"
-        ) from None
-    if step not in steps:
-        raise _not_found(workdir, which, f"step {step} was not saved (or was deleted)")
-    return step
 
 
 # ----------------------------------------------------------------------------- Checkpointer
@@ -281,14 +125,14 @@ class Checkpointer:
             )
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (checkpoints to keep), got {keep}")
-        self.directory = _checkpoints_dir(workdir)
+        self.directory = layout.checkpoints_dir(workdir)
         self._every_steps = int(every_steps)
         self._every_secs = float(every_secs)
         self._clock = clock
         self._last_save_time = clock()
         self._mngr = ocp.CheckpointManager(
             self.directory,
-            item_names=(_STATE, _DATA, _CONFIG),
+            item_names=layout.CHECKPOINT_ITEMS,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
                 # We decide when to save (time-based as well) and pass force=True.
@@ -350,7 +194,7 @@ class Checkpointer:
         if not (force or self.should_save(step)):
             return False
         if step in self._mngr.all_steps():
-            logging.info("Checkpoint for step %d already exists in %s", step, self.directory)
+            log.info("Checkpoint for step %d already exists in %s", step, self.directory)
             return False
         data_state = _check_json(data_state)
         config = _config_to_json_obj(config_json)
@@ -359,16 +203,16 @@ class Checkpointer:
             step,
             args=ocp.args.Composite(
                 **{
-                    _STATE: ocp.args.StandardSave(state),
-                    _DATA: ocp.args.JsonSave(data_state),
-                    _CONFIG: ocp.args.JsonSave(config),
+                    STATE: ocp.args.StandardSave(state),
+                    DATA: ocp.args.JsonSave(data_state),
+                    CONFIG: ocp.args.JsonSave(config),
                 }
             ),
             force=True,
         )
         self._last_save_time = self._clock()
         if saved:
-            logging.info("Saving checkpoint for step %d in %s", step, self.directory)
+            log.info("Saving checkpoint for step %d in %s", step, self.directory)
         return bool(saved)
 
     def wait(self) -> None:
@@ -399,10 +243,10 @@ class Checkpointer:
         """
         self._mngr.wait_until_finished()
         self._mngr.reload()
-        abstract_state = _with_default_shardings(abstract_state)
+        abstract_state = layout.with_default_shardings(abstract_state)
         failed: list[tuple[int, str]] = []
         for step in reversed(self.all_steps()):
-            reason = _uncommitted_reason(self.directory / str(step), (_STATE, _DATA, _CONFIG))
+            reason = layout.step_incomplete_reason(self.directory, step)
             restored = None
             if reason is None:
                 try:
@@ -410,8 +254,8 @@ class Checkpointer:
                         step,
                         args=ocp.args.Composite(
                             **{
-                                _STATE: ocp.args.StandardRestore(abstract_state),
-                                _DATA: ocp.args.JsonRestore(),
+                                STATE: ocp.args.StandardRestore(abstract_state),
+                                DATA: ocp.args.JsonRestore(),
                             }
                         ),
                     )
@@ -419,7 +263,7 @@ class Checkpointer:
                     reason = f"restore failed: {type(e).__name__}: {e}"
             if not _all_processes_ok(reason is None):
                 reason = reason or "restore failed on another host"
-                logging.warning(
+                log.warning(
                     "Skipping checkpoint %d in %s (%s); trying the previous one",
                     step,
                     self.directory,
@@ -429,10 +273,10 @@ class Checkpointer:
                 continue
             self._quarantine([s for s, _ in failed])
             if failed:
-                logging.warning("Restored step %d instead of the newest %d", step, failed[0][0])
+                log.warning("Restored step %d instead of the newest %d", step, failed[0][0])
             else:
-                logging.info("Restored checkpoint for step %d from %s", step, self.directory)
-            return restored[_STATE], dict(restored[_DATA]), step
+                log.info("Restored checkpoint for step %d from %s", step, self.directory)
+            return restored[STATE], dict(restored[DATA]), step
         if failed:
             details = "; ".join(f"step {s}: {r}" for s, r in failed)
             raise CheckpointRestoreError(
@@ -452,147 +296,8 @@ class Checkpointer:
                 src = self.directory / str(step)
                 if src.exists():
                     dst = self.directory / f"{step}.corrupt-{stamp}"
-                    logging.warning("Moving damaged checkpoint %s to %s", src, dst)
+                    log.warning("Moving damaged checkpoint %s to %s", src, dst)
                     src.rename(dst)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("tfm_jax.checkpoint.quarantine")
         self._mngr.reload()
-
-
-# ----------------------------------------------------------------------------- averaging
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _accumulate(acc: PyTree, params: PyTree) -> PyTree:
-    return jax.tree.map(lambda a, p: a + p.astype(jnp.float32), acc, params)
-
-
-def average_checkpoints(
-    workdir: str | epath.Path, last: int, abstract_params: PyTree
-) -> AveragedCheckpoint:
-    """Averages the params of the last `last` checkpoints into `<workdir>/averaged` (§6).
-
-    Sums in float32 one checkpoint at a time (memory ~2x params), each restored into
-    `abstract_params`' shardings so a sharded model is never gathered on one host. The mean
-    is cast back to each leaf's dtype. Raises ValueError if fewer than `last` complete
-    checkpoints exist: averaging fewer would silently change the §6 protocol.
-    Overwrites an existing `<workdir>/averaged`.
-    """
-    if last < 1:
-        raise ValueError(f"last must be >= 1, got {last}")
-    steps = [
-        s
-        for s in _existing_steps(workdir)
-        if _uncommitted_reason(_checkpoints_dir(workdir) / str(s), (_STATE,)) is None
-    ]
-    if len(steps) < last:
-        raise ValueError(
-            f"Asked to average the last {last} checkpoints but only {len(steps)} complete "
-            f"ones exist in {_checkpoints_dir(workdir)} (steps {steps}). Pass --last="
-            f"{len(steps)} or train with checkpoint keep >= {last}."
-        )
-    steps = steps[-last:]
-    abstract_params = _with_default_shardings(abstract_params)
-
-    acc = None
-    for step in steps:
-        try:
-            params = _restore_params_from_step(workdir, step, abstract_params)
-        except Exception as e:  # Orbax/TensorStore raise many kinds
-            raise CheckpointRestoreError(
-                f"Could not read the params of step {step} in {_checkpoints_dir(workdir)} "
-                f"({type(e).__name__}: {e}). Check that abstract_params matches the run's "
-                "config; if the checkpoint is damaged, move it aside and average fewer."
-            ) from e
-        if acc is None:
-            acc = jax.tree.map(lambda p: p.astype(jnp.float32), params)
-        else:
-            with warnings.catch_warnings():
-                # CPU cannot donate; harmless there, saves a copy on accelerators.
-                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                acc = _accumulate(acc, params)
-        del params
-    dtypes = jax.tree.map(lambda x: x.dtype, abstract_params)
-    shardings = jax.tree.map(lambda x: x.sharding, abstract_params)
-    finish = jax.jit(
-        lambda acc: jax.tree.map(lambda a, d: (a / len(steps)).astype(d), acc, dtypes),
-        out_shardings=shardings,
-    )
-    averaged = finish(acc)
-    del acc
-
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        config = ckptr.restore(
-            _checkpoints_dir(workdir) / str(steps[-1]),
-            args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()}),
-        )[_CONFIG]
-    path = _averaged_dir(workdir)
-    meta = {"steps": steps, "source": str(_checkpoints_dir(workdir))}
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        ckptr.save(
-            path,
-            args=ocp.args.Composite(
-                **{
-                    _PARAMS: ocp.args.StandardSave(averaged),
-                    _META: ocp.args.JsonSave(meta),
-                    _CONFIG: ocp.args.JsonSave(config),
-                }
-            ),
-            force=True,  # replace an older average
-        )
-    logging.info("Averaged params of steps %s into %s", steps, path)
-    return AveragedCheckpoint(str(path), steps)
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def load_params(workdir: str | epath.Path, which: str, abstract_params: PyTree) -> PyTree:
-    """Params of `which` checkpoint: 'averaged', 'latest' or a step number (as a string).
-
-    Restored into `abstract_params`' shardings. 'latest' skips incomplete checkpoints with a
-    warning. Raises CheckpointNotFoundError saying what exists if `which` does not.
-    """
-    which = str(which)
-    if which == "averaged":
-        path = _averaged_dir(workdir)
-        if _uncommitted_reason(path, (_PARAMS,)) is not None:
-            raise _not_found(workdir, which, f"{path} does not exist or is incomplete")
-        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-            restored = ckptr.restore(
-                path,
-                args=ocp.args.Composite(
-                    **{_PARAMS: ocp.args.StandardRestore(_with_default_shardings(abstract_params))}
-                ),
-            )
-        return restored[_PARAMS]
-    step = _resolve_step(workdir, which)
-    logging.info("Loading params of step %d from %s", step, workdir)
-    return _restore_params_from_step(workdir, step, abstract_params)
-
-
-def read_averaged_steps(workdir: str | epath.Path) -> list[int]:
-    """The steps that `<workdir>/averaged` averages."""
-    path = _averaged_dir(workdir)
-    if _uncommitted_reason(path, (_META,)) is not None:
-        raise _not_found(workdir, "averaged", f"{path} does not exist or is incomplete")
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        meta = ckptr.restore(path, args=ocp.args.Composite(**{_META: ocp.args.JsonRestore()}))
-    return list(meta[_META]["steps"])
-
-
-def read_config_json(workdir: str | epath.Path, which: str = "latest") -> dict[str, Any]:
-    """The run's config (as a dict) stored with `which` checkpoint (see `load_params`).
-
-    Rebuild it with `ml_collections.ConfigDict(read_config_json(workdir))`.
-    """
-    which = str(which)
-    if which == "averaged":
-        path = _averaged_dir(workdir)
-        if _uncommitted_reason(path, (_CONFIG,)) is not None:
-            raise _not_found(workdir, which, f"{path} does not exist or is incomplete")
-    else:
-        path = _checkpoints_dir(workdir) / str(_resolve_step(workdir, which))
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        restored = ckptr.restore(path, args=ocp.args.Composite(**{_CONFIG: ocp.args.JsonRestore()}))
-    return restored[_CONFIG]

@@ -12,53 +12,48 @@ from typing import Any
 
 import ml_collections
 
-from tfm_jax import data, platform
-from tfm_jax.viz import attention as attention_plot
-from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax import platform
+from tfm_jax.checkpoint import errors as ckpt_errors
+from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.cli import errors
+from tfm_jax.cli.log_setup import setup_logging
 from tfm_jax.config import paths
-from tfm_jax.config.core import ConfigError
+from tfm_jax.config.build import build_config, split_overrides
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode.load import (
     InferenceError,
-    checkpoint_names,
     check_workdir,
+    checkpoint_names,
     default_checkpoint,
     load_for_inference,
 )
 from tfm_jax.decode.translate import translate_texts
 from tfm_jax.eval.evaluate import evaluate_split
-from tfm_jax.config.build import build_config, split_overrides
-from tfm_jax.platform import cpu
 from tfm_jax.model.transformer import Transformer
-
-
-def _user_errors():
-    return (
-        InferenceError,
-        checkpoint.CheckpointNotFoundError,
-        checkpoint.CheckpointRestoreError,
-        data.DataError,
-        ConfigError,
-    )
+from tfm_jax.platform import cpu
+from tfm_jax.viz import attention as attention_plot
 
 
 def _cli(fn):
-    """Prints a user error as one line on stderr (exit 1; config errors 2) instead of a trace."""
+    """Prints a user error as one line on stderr (exit 1; config errors 2) instead of a trace.
+
+    Also sets up logging as cli/main.py's main does (idempotent), so the commands log the same
+    however they are reached (`python -m tfm_jax`, this module's main, or a test)."""
 
     @functools.wraps(fn)
     def wrapper(args, overrides: dict[str, str]) -> int:
+        setup_logging()
         if args.cpu_devices is not None and args.cpu_devices < 1:
             print(f"error: --cpu_devices={args.cpu_devices}; give a count >= 1", file=sys.stderr)
             return 1
         platform.split_cpu_devices(args.cpu_devices)  # before JAX starts
         try:
             return fn(args, overrides)
-        except ConfigError as e:
-            print(f"config error: {e}", file=sys.stderr)
-            return 2
-        except _user_errors() as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+        except Exception as e:
+            code = errors.report(e)
+            if code is None:
+                raise
+            return code
 
     return wrapper
 
@@ -67,8 +62,9 @@ def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any
     check_workdir(args.workdir)
     which = args.checkpoint or default_checkpoint(args.workdir)
     try:
-        cfg = build_config(args.config, dict(overrides), workdir=args.workdir)
-    except checkpoint.CheckpointNotFoundError as e:
+        saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
+        cfg = build_config(args.config, dict(overrides), saved)
+    except ckpt_errors.CheckpointNotFoundError as e:
         raise InferenceError(f"{e} ({checkpoint_names(args.workdir)})") from None
     platform.init_runtime(cfg)  # the run's platform settings
     model, params, tokenizer = load_for_inference(args.workdir, which, cfg)

@@ -7,52 +7,42 @@ valid key. Commands that take `--workdir` without `--config` start from the conf
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 
-if __name__ == "__main__":  # before JAX is imported: see platform/host.py
-    from tfm_jax.platform import host
-
-    host.reexec_with_malloc_tunables(["-m", "tfm_jax", *sys.argv[1:]])
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-
-from tfm_jax.config import core as config_lib  # noqa: E402
 from tfm_jax import platform
-from tfm_jax.config import paths  # noqa: E402
-from tfm_jax.config.build import build_config, split_overrides  # noqa: E402
-
-
-def _user_facing_errors() -> tuple[type[BaseException], ...]:
-    """Errors a user can cause (bad data, missing checkpoint, NaN loss): a message, no traceback."""
-    from tfm_jax import data
-    from tfm_jax.checkpoint import manager as checkpoint
-    from tfm_jax.train import loop
-
-    return (
-        data.DataError,
-        checkpoint.CheckpointNotFoundError,
-        checkpoint.CheckpointRestoreError,
-        checkpoint.NonFiniteStateError,
-        loop.NonFiniteLossError,
-        FileNotFoundError,
-    )
+from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.cli import errors
+from tfm_jax.cli.log_setup import setup_logging
+from tfm_jax.config import paths
+from tfm_jax.config.build import build_config, load_config_module, split_overrides
 
 
 def cmd_params(args, overrides) -> int:
-    """Parameter count of each config (every Table 3 row for configs/table3.py without a row)."""
+    """Parameter count of each config (every row of a config file with ROWS, given no row).
+
+    A config file may define ROWS (name -> the paper's row, with `params_millions`), selected as
+    `--config=file.py:ROW` (configs/table3.py), or PAPER_ROW, the paper's row of the config
+    itself (configs/big.py); the paper column comes from there.
+    """
     from tfm_jax.train import trainer as train
 
     path, _, row = args.config.partition(":")
-    rows = list(config_lib.TABLE3) if os.path.basename(path) == "table3.py" and not row else None
+    module = load_config_module(path, typed=args.config)
+    paper_rows = getattr(module, "ROWS", None)
+    rows = list(paper_rows) if paper_rows is not None and not row else None
     overrides.setdefault("model.vocab_size", str(args.vocab_size))
     report = {}
     for name in rows or [row or os.path.splitext(os.path.basename(path))[0]]:
         spec = f"{path}:{name}" if rows else args.config
         cfg = build_config(spec, dict(overrides))
-        paper = config_lib.TABLE3[name].params_millions if name in config_lib.TABLE3 else None
+        if paper_rows is not None:
+            paper_row = paper_rows.get(name)
+        else:
+            paper_row = getattr(module, "PAPER_ROW", None)
+        paper = paper_row.params_millions if paper_row is not None else None
         report[name] = {"params": train.count_params(cfg), "paper_millions": paper}
     if args.json:
         print(json.dumps({"vocab_size": int(overrides["model.vocab_size"]), "rows": report}))
@@ -68,8 +58,7 @@ def cmd_params(args, overrides) -> int:
 
 def cmd_train(args, overrides) -> int:
     """Trains (or resumes from the newest checkpoint in --workdir) to train.num_steps."""
-    from tfm_jax.train import loop
-    from tfm_jax.train import sharding
+    from tfm_jax.train import loop, sharding
 
     sharding.maybe_initialize_distributed(
         args.coordinator_address, args.num_processes, args.process_id
@@ -95,12 +84,13 @@ def cmd_train(args, overrides) -> int:
 
 def cmd_average(args, overrides) -> int:
     """Averages the params of the last N checkpoints into <workdir>/averaged (§6.1)."""
-    from tfm_jax.checkpoint import manager as checkpoint
+    from tfm_jax.checkpoint import averaging
     from tfm_jax.train import trainer as train
 
-    cfg = build_config(args.config, overrides, workdir=args.workdir)
+    saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
+    cfg = build_config(args.config, overrides, saved)
     trainer = train.make_trainer(cfg)
-    result = checkpoint.average_checkpoints(
+    result = averaging.average_checkpoints(
         args.workdir, args.last or cfg.train.average_last, trainer.abstract_state.params
     )
     print(json.dumps({"averaged": result.path, "steps": result.steps}))
@@ -116,22 +106,9 @@ def cmd_plot(args, overrides) -> int:
     return 0
 
 
-def _setup_logging() -> None:
-    """tfm_jax's own progress messages at INFO on stderr; libraries stay at WARNING."""
-    logger = logging.getLogger("tfm_jax")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    # Orbax warns each time a checkpoint folder is opened for reading (as `average` does).
-    logging.getLogger("absl").addFilter(lambda record: "read only" not in record.getMessage())
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    _setup_logging()
+    setup_logging()  # tfm_jax at INFO on stderr, libraries at WARNING (cli/log_setup.py)
     try:
         argv, overrides = split_overrides(argv)
         parser = argparse.ArgumentParser(prog="python -m tfm_jax", description=__doc__)
@@ -169,14 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         paths.resolve_args(args)  # once, here: every command below sees absolute local paths
         return args.fn(args, overrides)
-    except config_lib.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
     except Exception as e:
-        if isinstance(e, _user_facing_errors()):
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        raise
+        code = errors.report(e)  # config errors 2, other user errors 1, one line on stderr
+        if code is None:
+            raise
+        return code
 
 
 if __name__ == "__main__":

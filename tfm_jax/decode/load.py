@@ -6,17 +6,20 @@ A run trained with model.scan_layers comes back unrolled: the decoder's cache is
 from __future__ import annotations
 
 import glob
+import logging
 import os
 from typing import Any
 
 import ml_collections
-from absl import logging
 
-from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.checkpoint import errors as ckpt_errors
+from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.model import transformer
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.train import trainer as train
+
+log = logging.getLogger(__name__)
 
 
 class InferenceError(ValueError):
@@ -24,8 +27,8 @@ class InferenceError(ValueError):
 
 
 def checkpoint_names(workdir: str) -> str:
-    avg = os.path.isdir(os.path.join(workdir, checkpoint.AVERAGED_DIR))
-    ckpt_dir = os.path.join(workdir, checkpoint.CHECKPOINTS_DIR)
+    avg = os.path.isdir(os.path.join(workdir, ckpt_layout.AVERAGED_DIR))
+    ckpt_dir = os.path.join(workdir, ckpt_layout.CHECKPOINTS_DIR)
     steps = sorted(
         int(n) for n in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []) if n.isdigit()
     )
@@ -34,7 +37,9 @@ def checkpoint_names(workdir: str) -> str:
 
 def default_checkpoint(workdir: str) -> str:
     """CLI default: "averaged" (§6.1 averages the last checkpoints) if it exists, else latest."""
-    return "averaged" if os.path.isdir(os.path.join(workdir, checkpoint.AVERAGED_DIR)) else "latest"
+    return (
+        "averaged" if os.path.isdir(os.path.join(workdir, ckpt_layout.AVERAGED_DIR)) else "latest"
+    )
 
 
 def check_workdir(workdir: str) -> None:
@@ -63,7 +68,7 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
             "sentencepiece .model>"
         )
     if len(found) > 1:
-        logging.warning("Several vocabularies match %s; using the newest, %s", pattern, found[-1])
+        log.warning("Several vocabularies match %s; using the newest, %s", pattern, found[-1])
     return Tokenizer.load(found[-1], cfg.data.num_workers)
 
 
@@ -77,8 +82,8 @@ def load_for_inference(
     check_workdir(workdir)
     trainer = train.make_trainer(cfg)
     try:
-        params = checkpoint.load_params(workdir, str(which), trainer.abstract_state.params)
-    except checkpoint.CheckpointNotFoundError as e:
+        params = ckpt_layout.load_params(workdir, str(which), trainer.abstract_state.params)
+    except ckpt_errors.CheckpointNotFoundError as e:
         raise InferenceError(f"{e} ({checkpoint_names(workdir)})") from None
     except ValueError as e:  # a `which` that is neither a name nor a step
         raise InferenceError(f"--checkpoint={which}: {e}") from None

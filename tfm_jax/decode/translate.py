@@ -1,4 +1,4 @@
-"""§6.1 translation: text or token ids in, batched beam (or greedy) search over the KV cache, text out.
+"""§6.1 translation: text or ids in, batched beam (or greedy) search over the KV cache, text out.
 
 The model and params come from decode/load.py; the search itself is decode/search.py (pure,
 knows no model); evaluate a split with eval/evaluate.py.
@@ -22,19 +22,21 @@ model no test sentence needed the second pass at 12 and beam-4 ran 1.28x faster.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from absl import logging
 
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode import search as decode
 from tfm_jax.model import attention
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
+
+log = logging.getLogger(__name__)
 
 SRC_LEN_MULTIPLE = 16  # padded source lengths are multiples of this (one compile per bucket)
 
@@ -202,7 +204,7 @@ def translate_ids(
             ids = ids[: limit - 1]
         seqs.append(np.asarray(ids + [EOS_ID], np.int32) if ids else np.zeros(0, np.int32))
     if truncated:
-        logging.warning(
+        log.warning(
             "Truncated %d source line(s) to %d tokens (model limit incl. EOS); first lines: %s",
             len(truncated),
             limit,

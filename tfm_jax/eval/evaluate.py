@@ -71,7 +71,9 @@ def evaluate_split(
     by_alpha = {}
     for alpha in alphas:
         start = time.perf_counter()
-        hyps = translate.translate_texts(cfg, model, params, tokenizer, sources, alpha=alpha, greedy=greedy)
+        hyps = translate.translate_texts(
+            cfg, model, params, tokenizer, sources, alpha=alpha, greedy=greedy
+        )
         seconds = time.perf_counter() - start
         suffix = f".alpha{_alpha_name(alpha)}" if len(alphas) > 1 else ""
         hyp_file = os.path.join(out_dir, f"{name}{suffix}.hyp.txt")

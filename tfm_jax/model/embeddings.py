@@ -73,16 +73,12 @@ class PositionalEncoding(nn.Module):
         """
         if self.kind == "sinusoidal":
             table = jnp.asarray(sinusoidal_table(self.max_len, self.d_model))
-        elif self.kind == "learned":
+        else:  # "learned" (model.positional is checked by tfm_jax/config/validate.py)
             init = nn.with_logical_partitioning(
                 nn.initializers.normal(stddev=0.02), (None, "embed")
             )
             table = self.param(
                 "pos_embedding", init, (self.max_len, self.d_model), self.param_dtype
-            )
-        else:
-            raise ValueError(
-                f"model.positional must be 'sinusoidal' or 'learned', got {self.kind!r}"
             )
         if decode:
             initialized = self.has_variable("cache", "position")

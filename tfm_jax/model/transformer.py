@@ -8,17 +8,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from tfm_jax.model import attention
-from tfm_jax.model import matmul
+from tfm_jax.model import attention, matmul
 from tfm_jax.model.attention import MultiHeadAttention
 from tfm_jax.model.embeddings import PositionalEncoding, SharedEmbedding
 from tfm_jax.vocab_ids import BOS_ID, PAD_ID
 
 Array = jax.Array
 
+# model.dtype names -> compute dtypes. The model takes a config that passed
+# tfm_jax/config/validate.py (model.dtype, model.norm, model.positional are checked there, once).
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-NORMS = ("post", "pre")
-POSITIONALS = ("sinusoidal", "learned")
 
 
 class Dense(nn.Module):
@@ -233,7 +232,8 @@ def shift_right(targets: Array, positions: Array | None = None) -> Array:
 class Transformer(nn.Module):
     """§3 The Transformer: encoder and decoder stacks over one shared embedding.
 
-    Fields map one-to-one onto the `model` section of the config: `Transformer(**cfg.model)`.
+    Fields map one-to-one onto the `model` section of the config: `Transformer(**cfg.model)`, of
+    a config that passed tfm_jax/config/validate.py (the fields are not checked again here).
     """
 
     vocab_size: int
@@ -255,12 +255,6 @@ class Transformer(nn.Module):
     scan_layers: bool = False
 
     def setup(self):
-        if self.positional not in POSITIONALS:
-            raise ValueError(f"model.positional={self.positional!r}; choose one of {POSITIONALS}")
-        if self.norm not in NORMS:
-            raise ValueError(f"model.norm={self.norm!r}; choose one of {NORMS}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"model.dtype={self.dtype!r}; choose one of {tuple(DTYPES)}")
         dtype = DTYPES[self.dtype]
         layer_kw = dict(
             d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads, d_k=self.d_k,

@@ -22,12 +22,8 @@ import numpy as np
 
 from tfm_jax import data
 from tfm_jax.checkpoint import manager as checkpoint
-from tfm_jax.train import losses
-from tfm_jax.train import optim
-from tfm_jax.train import preemption
-from tfm_jax.train import resume
-from tfm_jax.train import sharding
 from tfm_jax.platform.host import resident_bytes
+from tfm_jax.train import losses, preemption, resume, sharding
 from tfm_jax.train.trainer import CompiledStep, Trainer, TrainState, make_trainer, perplexity
 
 log = logging.getLogger(__name__)
@@ -223,9 +219,6 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     lead = jax.process_index() == 0
     writer = MetricsWriter(run.workdir, enabled=lead)
     progress = Progress(num_steps, run.start_step)
-    schedule = optim.rsqrt_warmup_schedule(
-        cfg.optim.d_model, cfg.optim.warmup_steps, cfg.optim.lr_factor
-    )
     config_json = cfg.to_json_best_effort()
     # one executable per batch shape, compiled when the shape first comes: nothing compiles twice
     steps_by_shape: dict[tuple, CompiledStep] = {}
@@ -277,7 +270,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 rss, peak_rss = resident_bytes()
                 metrics = {
                     **host,
-                    "lr": float(schedule(max(updates - 1, 0))),
+                    "lr": float(trainer.schedule(max(updates - 1, 0))),
                     "grad_norm": float(acc["grad_norm"]) / acc_steps,
                     "target_tokens_per_s": host["tokens"] / dt,
                     "steps_per_s": acc_steps / dt,

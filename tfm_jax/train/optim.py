@@ -24,7 +24,7 @@ def rsqrt_warmup_schedule(d_model: int, warmup_steps: int, factor: float = 1.0) 
     return schedule
 
 
-def make_optimizer(
+def make_optimizer_and_schedule(
     d_model: int,
     warmup_steps: int = 4000,
     lr_factor: float = 1.0,
@@ -33,8 +33,11 @@ def make_optimizer(
     eps: float = 1e-9,
     grad_clip_norm: float = 0.0,
     accumulate_steps: int = 1,
-) -> optax.GradientTransformation:
-    """The optax chain for `make_optimizer(**cfg.optim)`.
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """The optax chain for `make_optimizer_and_schedule(**cfg.optim)`, and its lr schedule.
+
+    The schedule is the one Adam uses, built once: `schedule(n)` is the learning rate of the
+    (n+1)-th real update (what the training loop logs as `lr`).
 
     grad_clip_norm > 0 adds global-norm clipping (not in the paper). accumulate_steps > 1 sums
     gradients over that many micro-batches before one Adam update (optax.MultiSteps), so the
@@ -52,4 +55,9 @@ def make_optimizer(
     tx = optax.chain(*parts)
     if accumulate_steps > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=accumulate_steps)
-    return tx
+    return tx, schedule
+
+
+def make_optimizer(*args, **kwargs) -> optax.GradientTransformation:
+    """The optax chain alone: `make_optimizer(**cfg.optim)` (see make_optimizer_and_schedule)."""
+    return make_optimizer_and_schedule(*args, **kwargs)[0]

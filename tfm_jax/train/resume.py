@@ -18,8 +18,8 @@ from typing import Any
 
 import ml_collections
 
-from tfm_jax.checkpoint import manager as checkpoint
-from tfm_jax.config.core import ConfigError
+from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.config.validate import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +67,11 @@ def read_saved_config(workdir: str) -> tuple[dict[str, Any], str] | None:
     Returns (config as nested dict, where it came from).
     """
     try:
-        return checkpoint.read_config_json(workdir, "latest"), "the newest checkpoint"
+        return ckpt_layout.read_config_json(workdir, "latest"), "the newest checkpoint"
     except Exception as e:  # no checkpoint, or a damaged one: the restore will say which
         log.debug("no config from the checkpoints of %s: %s", workdir, e)
     path = os.path.join(workdir, "config.json")
-    if checkpoint.latest_step_on_disk(workdir) is not None and os.path.isfile(path):
+    if ckpt_layout.latest_step_on_disk(workdir) is not None and os.path.isfile(path):
         try:
             with open(path) as f:
                 return json.load(f), path

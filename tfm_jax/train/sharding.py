@@ -8,15 +8,17 @@ devices, a GPU box or a TPU pod slice: only the mesh changes.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
-from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+
+log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "model")
 
@@ -50,7 +52,7 @@ def maybe_initialize_distributed(
         jax.distributed.initialize()
     else:
         return
-    logging.info(
+    log.info(
         "jax.distributed: process %d of %d, %d local / %d global devices",
         jax.process_index(),
         jax.process_count(),

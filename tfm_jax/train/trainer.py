@@ -18,11 +18,8 @@ import optax
 from jax.sharding import Mesh
 
 from tfm_jax import platform
-from tfm_jax.train import losses
-from tfm_jax.train import optim
-from tfm_jax.train import prng
-from tfm_jax.train import sharding
 from tfm_jax.model.transformer import Transformer
+from tfm_jax.train import losses, optim, prng, sharding
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +75,6 @@ def train_step(
     tx: optax.GradientTransformation,
     label_smoothing: float,
     dropout_prng: str,
-    nan_at_step: int | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on one batch: mean smoothed loss over the batch's target tokens."""
     dropout_rng = prng.dropout_key(jax.random.fold_in(state.rng, state.step), dropout_prng)
@@ -89,15 +85,12 @@ def train_step(
         )
         sums = losses.cross_entropy_sums(logits, batch["targets"], label_smoothing)
         loss = sums["loss"] / jnp.maximum(sums["tokens"], 1.0)
-        if nan_at_step is not None:  # test hook (train.nan_at_step)
-            loss = jnp.where(state.step == nan_at_step, jnp.nan, loss)
         return loss, sums
 
-    (loss, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(sums)
-    metrics["loss"] = jnp.where(jnp.isfinite(loss), sums["loss"], jnp.nan)
+    metrics = dict(sums)  # a NaN/Inf loss is a NaN/Inf metrics["loss"]: the loop stops on it
     metrics["grad_norm"] = optax.global_norm(grads)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
@@ -171,6 +164,7 @@ class Trainer:
     mesh: Mesh
     model: Transformer
     tx: optax.GradientTransformation
+    schedule: optax.Schedule  # the learning rate tx applies at update count n: schedule(n)
     state_shardings: Any
     abstract_state: Any  # TrainState of jax.ShapeDtypeStruct with shardings (for restoring)
     init_fn: Callable[[jax.Array], TrainState]
@@ -228,7 +222,7 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
     """
     mesh = mesh or sharding.make_mesh(cfg.mesh.data, cfg.mesh.model)
     model = make_model(cfg)
-    tx = make_optimizer(cfg)
+    tx, schedule = optim.make_optimizer_and_schedule(**cfg.optim)  # the loop logs schedule
 
     def boxed_init(rng):
         inputs, targets = _dummy_batch()
@@ -257,7 +251,6 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
         model=model,
         tx=tx,
         label_smoothing=cfg.loss.label_smoothing,
-        nan_at_step=cfg.train.nan_at_step,
         dropout_prng=platform.dropout_prng(cfg.train.dropout_prng),
     )
     train_step_fn = jax.jit(
@@ -276,6 +269,7 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
         mesh=mesh,
         model=model,
         tx=tx,
+        schedule=schedule,
         state_shardings=state_shardings,
         abstract_state=abstract_state,
         init_fn=init_fn,

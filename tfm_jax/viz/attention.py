@@ -17,9 +17,9 @@ import ml_collections
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: the Agg canvas, no global backend state
 
+from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode import load, translate
 from tfm_jax.model.attention import MultiHeadAttention
-from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID
 
@@ -71,9 +71,7 @@ def parse_indices(text: str, count: int, flag: str) -> list[int]:
     try:
         raw = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise load.InferenceError(
-            f'{flag}={text!r}: expected "all" or indices like 0,-1'
-        ) from None
+        raise load.InferenceError(f'{flag}={text!r}: expected "all" or indices like 0,-1') from None
     bad = [i for i in raw if not -count <= i < count]
     if bad or not raw:
         raise load.InferenceError(f"{flag}={text!r}: indices must be in [{-count}, {count})")

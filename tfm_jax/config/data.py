@@ -1,4 +1,5 @@
-"""Defaults for the `data` config section (sources, vocabulary, batching)."""
+"""Defaults for the `data` config section (sources, vocabulary, batching); config/defaults.py
+includes them."""
 
 import ml_collections
 from ml_collections import config_dict

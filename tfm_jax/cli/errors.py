@@ -1,0 +1,38 @@
+"""The errors a user can cause, reported as one line on stderr instead of a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+from tfm_jax.config.validate import ConfigError
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Errors a user can cause besides config errors (bad data or input, missing checkpoint, NaN
+    loss). The modules are imported only when an error is being reported."""
+    from tfm_jax import data
+    from tfm_jax.checkpoint import errors as ckpt_errors
+    from tfm_jax.decode.load import InferenceError
+    from tfm_jax.train import loop
+
+    return (
+        InferenceError,
+        data.DataError,
+        ckpt_errors.CheckpointNotFoundError,
+        ckpt_errors.CheckpointRestoreError,
+        ckpt_errors.NonFiniteStateError,
+        loop.NonFiniteLossError,
+        FileNotFoundError,
+    )
+
+
+def report(e: BaseException) -> int | None:
+    """Prints a user error as one line on stderr and returns its exit code (config errors 2,
+    others 1); None for an error that is a bug (the caller re-raises it)."""
+    if isinstance(e, ConfigError):
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    if isinstance(e, user_errors()):
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return None
