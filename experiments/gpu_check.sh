@@ -35,7 +35,7 @@
 # import.
 #
 # Without an NVIDIA GPU (or with GPU_CHECK_MODE=cpu) the same steps run at tiny shapes on a tiny
-# corpus in a minute or two, writing to a temporary folder (tests/test_bench.py runs it).
+# corpus in a minute or two, writing to a temporary folder (tests/integration/test_bench.py runs it).
 # Environment: PYTHON (default python3), GPU_CHECK_MODE (gpu | cpu), GPU_CHECK_BUDGET_S,
 # GPU_CHECK_OUT (the JSON lines file), GPU_CHECK_WORK (scratch folder), GPU_CHECK_DATA (Multi30k).
 set -uo pipefail
@@ -204,7 +204,7 @@ for d in "${GPU_CHECK_DATA:-}" experiments/data/multi30k ../shared/data/multi30k
   if [[ -n $d && -f $d/train.en ]]; then DATA=$(cd "$d" && pwd); break; fi
 done
 QS_ARGS=()
-if [[ -n $DATA && $MODE == cpu ]]; then  # a tiny corpus and model, as tests/test_readme.py runs
+if [[ -n $DATA && $MODE == cpu ]]; then  # a tiny corpus and model, as tests/integration/test_readme.py runs
   mkdir -p "$WORK/multi30k"
   for split in train:1500 val:64 test_2016_flickr:64; do
     for lang in en de; do

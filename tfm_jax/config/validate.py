@@ -62,8 +62,8 @@ class Range:
 _POSITIVE = Range(lo=1)
 _PROBABILITY = Range(lo=0.0, hi=1.0, hi_open=True)
 
-# Every numeric key of default_config() and its allowed values (tests/test_config.py checks that a
-# new numeric key cannot be added without a range). Checked once, by `validate`.
+# Every numeric key of default_config() and its allowed values (tests/unit/test_config.py checks
+# that a new numeric key cannot be added without a range). Checked once, by `validate`.
 RANGES: dict[str, Range] = {
     "model.vocab_size": Range(lo=5, what="4 special ids + at least one piece"),
     "model.num_layers": _POSITIVE,

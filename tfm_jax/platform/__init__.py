@@ -76,7 +76,7 @@ def product() -> Callable:
 def dropout_prng(name: str) -> str:
     """`train.dropout_prng` with "auto" resolved: threefry_fused on CPU, threefry elsewhere.
 
-    Both draw the same bits (tests/test_prng.py), so "auto" never changes a run's numbers.
+    Both draw the same bits (tests/unit/test_prng.py), so "auto" never changes a run's numbers.
     """
     if name not in DROPOUT_PRNGS:
         raise ValueError(f"train.dropout_prng={name!r}: use one of {', '.join(DROPOUT_PRNGS)}")

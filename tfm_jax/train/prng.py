@@ -8,7 +8,7 @@ same key format, the same seed/split/fold_in (JAX's own threefry), and random_bi
 as plain jnp integer ops over an iota of counters: XLA fuses them with the mask compare, so
 the mask costs one pass over the output. Its bits are identical to
 `jax.random.bits(threefry_key, shape, uint32)` under `jax_threefry_partitionable` (JAX's
-default): only the speed differs (tests/test_prng.py checks both).
+default): only the speed differs (tests/unit/test_prng.py checks both).
 
 Measured (base f32 train step, 4,096 target tokens, one process, round-robin): see
 experiments/results/bench.md.

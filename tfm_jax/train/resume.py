@@ -28,7 +28,7 @@ REFUSED_PREFIXES = ("model.",)
 REFUSED_KEYS = ("data.vocab_size", "data.vocab_path", "optim.accumulate_steps")
 # Changing these leaves the run the same experiment.
 SAFE_PREFIXES = ("decode.", "mesh.", "paths.", "platform.")
-# Dropout generators that draw the same bits (tests/test_prng.py): switching among them is safe.
+# Dropout generators that draw the same bits (tests/unit/test_prng.py): switching is safe.
 SAME_BITS = ("auto", "threefry", "threefry_fused")
 SAFE_KEYS = (
     "train.num_steps",

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import REPO, tiny_config
+from helpers import REPO, tiny_config
 from jax import lax
 
 from tfm_jax import data
@@ -254,6 +254,7 @@ def test_translate_cli_round_trip(run, tmp_path, monkeypatch, capsys):
     assert len(out) - 1 == len(lines) and out[1] == "" and out[4] == ""
 
 
+@pytest.mark.multiprocess
 def test_translate_on_two_cpu_devices_matches_one(run, tmp_path):
     """`--cpu_devices=2` (a fresh process: the device count is fixed when JAX starts) spreads
     the batches over two CPU devices; the translations are those of one device."""

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from loop_helpers import cli_args, tiny_run_overrides, write_tiny_corpus
+from helpers import REPO
+from helpers.runs import cli_args, tiny_run_overrides, write_tiny_corpus
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README_WORKDIR = "runs/small"  # the workdir the README's main job names
 
 
@@ -56,6 +56,7 @@ def test_readme_test_command_is_what_ci_runs():
     assert test_command in ci_lines, f".ci/run does not run the README's {test_command!r}"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_readme_main_job_end_to_end():
     """The quickstart on a tiny config and corpus: train, average, plot, evaluate, BLEU lines."""

@@ -8,7 +8,7 @@ import sys
 
 import jax
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from tfm_jax import platform
 from tfm_jax.config import defaults as config
@@ -37,6 +37,7 @@ def test_malloc_env_adds_the_tunables_once():
     assert hostenv.malloc_env({"TFM_JAX_MALLOC_TUNABLES": "0"}) is None
 
 
+@pytest.mark.multiprocess
 @pytest.mark.cpu_only
 @needs_glibc_tunables
 def test_reexec_runs_the_new_process_with_the_tunable():
@@ -117,29 +118,3 @@ def test_compilation_cache_setting(tmp_path, monkeypatch):
         assert platform.init_runtime(cfg).compilation_cache_dir is None
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
-
-
-@pytest.mark.slow
-def test_a_relaunch_reads_the_compilation_cache(tmp_path):
-    """Two identical tiny `train` runs: the second finds its programs in the persistent cache."""
-    from loop_helpers import cli_args, tiny_run_overrides, write_tiny_corpus
-
-    corpus = write_tiny_corpus(tmp_path / "corpus")
-    cache = str(tmp_path / "xla")
-    overrides = tiny_run_overrides(
-        corpus, **{"train.num_steps": 4, "platform.compilation_cache": cache}
-    )
-    # every program, however fast it compiles (the tiny model's take well under the 1 s default)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    env.pop("XLA_FLAGS", None)
-    for run in ("a", "b"):
-        argv = ["-m", "tfm_jax", "train", "--config=configs/small.py",
-                f"--workdir={tmp_path / run}", *cli_args(overrides)]  # fmt: skip
-        p = subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
-        assert p.returncode == 0, p.stderr[-3000:]
-        entries = sorted(os.listdir(tmp_path / "xla"))
-        if run == "a":
-            first = entries
-            assert first, "nothing was written to the compilation cache"
-    assert entries == first  # the relaunch compiled nothing new: every program was a cache hit

@@ -1,8 +1,9 @@
 """Tiny parallel-text runs for the training-loop and CLI tests."""
 
 import os
+import socket
 
-from conftest import SHARED_DATA, tiny_config
+from helpers import SHARED_DATA, tiny_config
 
 MULTI30K = os.path.join(SHARED_DATA, "multi30k")
 
@@ -57,3 +58,10 @@ def tiny_run_config(data_dir, **extra):
 
 def cli_args(overrides):
     return [f"--config.{k}={v}" for k, v in overrides.items()]
+
+
+def free_port():
+    """A localhost port nothing listens on (a jax.distributed coordinator for 2-process runs)."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]

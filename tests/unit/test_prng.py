@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import tiny_config
+from helpers import tiny_config
 
 from tfm_jax.config import validate as config_lib
 from tfm_jax.train import prng

@@ -9,13 +9,14 @@ import time
 
 import numpy as np
 import pytest
+from helpers import SHARED_DATA
 
 from tfm_jax import data
 from tfm_jax.data import DataError, sources, tokenizer
 from tfm_jax.data.tokenized import tokenize_split
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-MULTI30K = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k")
+MULTI30K = os.path.join(SHARED_DATA, "multi30k")
 if not os.path.isdir(MULTI30K):
     MULTI30K = "/work/shared/data/multi30k"
 

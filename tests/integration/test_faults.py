@@ -13,7 +13,8 @@ import time
 import jax
 import numpy as np
 import pytest
-from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+from helpers import REPO
+from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
@@ -24,8 +25,6 @@ from tfm_jax.config.build import load_config_module
 from tfm_jax.config.defaults import default_config
 from tfm_jax.train import loop
 from tfm_jax.train import trainer as train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +77,7 @@ def long_run_args(corpus, **extra):
     return ["train", "--config=configs/small.py", *cli_args(overrides)]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_resumes_bitwise(corpus, tmp_path):
     args = long_run_args(corpus)
@@ -113,6 +113,7 @@ def test_sigterm_saves_the_current_step_and_resumes_bitwise(corpus, tmp_path):
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus, tmp_path):
     workdir = tmp_path / "run"
@@ -152,9 +153,9 @@ def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus
     ckpt.close()
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_path):
-    from test_loop import free_port
 
     args = long_run_args(corpus, **{"model.dropout": 0.0})
     port = free_port()
@@ -181,6 +182,7 @@ def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_pat
     assert steps[-1] == summary[0]["step"]
 
 
+@pytest.mark.multiprocess
 def test_resume_with_a_changed_model_is_a_clear_error(corpus, trained):
     args = ["train", "--config=configs/small.py", f"--workdir={trained}",
             *cli_args(tiny_run_overrides(corpus, **{"train.num_steps": 8,
@@ -211,6 +213,7 @@ def test_resume_keys_are_classified(corpus, trained):
     assert [k for k, _, _ in resume.compare(saved, cfg)[0]] == ["optim.grad_clip_norm"]
 
 
+@pytest.mark.multiprocess
 def test_every_checkpoint_corrupt_is_a_clear_error(corpus, trained, tmp_path):
     workdir = tmp_path / "run"
     shutil.copytree(trained, workdir)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, SHARED_DATA
+from helpers import REPO, SHARED_DATA
 
 BENCH = os.path.join(REPO, "experiments", "bench.py")
 GPU_CHECK = os.path.join(REPO, "experiments", "gpu_check.sh")
@@ -41,6 +41,7 @@ def run_bench(*args, timeout=120):
     return {(r["bench"], r.get("variant")): r for r in records}
 
 
+@pytest.mark.multiprocess
 def test_peak_and_train_step_variants():
     out = run_bench(
         "peak", "train_step", *MICRO, "--variant=f32:", "--variant=bf16:model.dtype=bfloat16"
@@ -66,12 +67,14 @@ def test_peak_and_train_step_variants():
     assert bf16["first_loss"] == pytest.approx(f32["first_loss"], rel=2e-2)
 
 
+@pytest.mark.multiprocess
 def test_decode_reports_result_or_error():
     out = run_bench("decode", *MICRO, "--config.data.vocab_size=64")
     record = out[("decode", None)]
     assert record["bench"] == "decode"  # a result or {"error": ...}, never a crash
 
 
+@pytest.mark.multiprocess
 def test_sharded_step_on_8_simulated_devices():
     out = run_bench("train_step", *MICRO, "--devices=8")
     r = out[("train_step", "small/default")]
@@ -91,6 +94,7 @@ def test_parse_variant():
     assert options == {"xla_cpu_enable_fast_math": "true"}
 
 
+@pytest.mark.multiprocess
 @pytest.mark.skipif(
     not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="needs shared Multi30k"
 )
@@ -109,6 +113,7 @@ TRAIN_STEP_FIELDS = ("backend", "d_model", "num_layers", "d_ff", "num_heads", "v
                      "lower_s", "compile_s", "step_s", "tokens_per_s", "mfu")  # fmt: skip
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.skipif(
     not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="needs shared Multi30k"

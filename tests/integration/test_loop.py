@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,14 +13,13 @@ import time
 import jax
 import numpy as np
 import pytest
-from loop_helpers import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+from helpers import REPO
+from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
 from tfm_jax.train import loop
 from tfm_jax.train import trainer as train
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +46,7 @@ def final_params(workdir, cfg):
     return jax.device_get(ckpt_layout.load_params(workdir, "latest", trainer.abstract_state.params))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_resume_after_sigkill_is_bitwise_exact(corpus, tmp_path):
     overrides = tiny_run_overrides(corpus, **{"train.num_steps": 60, "train.log_every_steps": 5,
@@ -127,6 +126,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_resumes(corpus, tmp_path):
     run.checkpointer.close()
 
 
+@pytest.mark.multiprocess
 def test_averaging_cli_equals_mean_of_inputs(corpus, tmp_path):
     cfg = tiny_run_config(corpus, **{"train.num_steps": 8})
     loop.train_and_evaluate(cfg, str(tmp_path))
@@ -196,6 +196,7 @@ def test_each_batch_shape_compiles_once_with_a_compile_record(corpus, tmp_path):
         assert r["lower_s"] > 0 and r["compile_s"] > 0 and r["flops"] > 0, r
 
 
+@pytest.mark.multiprocess
 def test_missing_data_folder_is_a_clear_message(tmp_path):
     p = cli(["train", "--config=configs/small.py", f"--workdir={tmp_path}",
              "--config.data.dir=/nonexistent/multi30k"])  # fmt: skip
@@ -205,12 +206,7 @@ def test_missing_data_folder_is_a_clear_message(tmp_path):
     assert "/nonexistent/multi30k" in err and "tfds" in err
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_process_distributed_matches_one_process(corpus, tmp_path):
     # 8 packed rows a step, split 4 + 4 over two processes of one CPU device each

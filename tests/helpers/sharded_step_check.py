@@ -9,12 +9,12 @@ import sys
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-from conftest import tiny_config  # noqa: E402
 
+from helpers import tiny_config  # noqa: E402
 from tfm_jax.train import sharding
 from tfm_jax.train import trainer as train  # noqa: E402
 

@@ -6,11 +6,11 @@ import importlib.util
 import os
 
 import pytest
-from loop_helpers import write_tiny_corpus
+from helpers import REPO
+from helpers.runs import write_tiny_corpus
 
 from tfm_jax.config.build import load_config_module
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE3 = load_config_module(os.path.join(REPO, "configs", "table3.py")).ROWS
 
 

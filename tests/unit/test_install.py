@@ -10,11 +10,10 @@ import re
 import sys
 
 import pytest
+from helpers import REPO
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Declared in install_requires but never imported, each with why it is needed anyway.
 RUNTIME_ONLY = {
@@ -93,9 +92,15 @@ def imported_modules(folder):
 
 
 def _local_modules():
-    return {
-        n[:-3] for d in LOCAL_DIRS for n in os.listdir(os.path.join(REPO, d)) if n.endswith(".py")
-    }
+    """Modules and packages of the repo's own folders (tests/helpers is a package)."""
+    found = set()
+    for d in LOCAL_DIRS:
+        for n in os.listdir(os.path.join(REPO, d)):
+            if n.endswith(".py"):
+                found.add(n[:-3])
+            elif os.path.isfile(os.path.join(REPO, d, n, "__init__.py")):
+                found.add(n)
+    return found
 
 
 @functools.cache

@@ -258,7 +258,7 @@ def test_scan_layers_equals_unrolled_in_loss_and_gradients(norm):
 
 def test_scan_layers_run_trains_and_decodes_unrolled(tmp_path):
     """A scan_layers run: the loop's eval perplexity (scanned) equals inference's (unrolled)."""
-    from loop_helpers import tiny_run_config, write_tiny_corpus
+    from helpers.runs import tiny_run_config, write_tiny_corpus
 
     from tfm_jax.train import loop
 

@@ -7,11 +7,12 @@ import shutil
 
 import numpy as np
 import pytest
-from loop_helpers import write_tiny_corpus
+from helpers import REPO
+from helpers.runs import write_tiny_corpus
 
 from tfm_jax.cli.main import main
 
-FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "workdir_v0")
+FIXTURE = os.path.join(REPO, "tests", "data", "workdir_v0")
 GOLDEN = json.load(open(FIXTURE + ".golden.json", encoding="utf-8"))
 
 
@@ -75,7 +76,7 @@ def test_old_run_resumes_where_it_stopped(old_run):
         *GOLDEN["train_args"],
     ]
     cwd = os.getcwd()
-    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/ is relative
+    os.chdir(REPO)  # configs/ is relative
     try:
         assert main(argv) == 0
     finally:
