@@ -75,6 +75,8 @@ def test_resume_after_sigkill_is_bitwise_exact(corpus, tmp_path):
     out, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-3000:]
     assert "Resumed from step" in err
+    # each message once: no second root handler (absl's basicConfig) doubling every line
+    assert err.count("Resumed from step") == 1, err[-3000:]
 
     cfg = tiny_run_config(corpus, **{"train.num_steps": 60})
     a, b = final_params(straight, cfg), final_params(killed, cfg)

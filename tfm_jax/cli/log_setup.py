@@ -36,6 +36,12 @@ def setup_logging() -> None:
     keeps absl's logging (Orbax's) from installing its own root handler (logging.basicConfig)
     when it first logs. Idempotent."""
     root = logging.getLogger()
+    for handler in list(root.handlers):
+        # logging.basicConfig's plain handler: absl installs one when a library (Orbax, at
+        # import) logs before this ran, and every record would then be written twice. Test
+        # harnesses' handlers (pytest's are subclasses) stay.
+        if type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
     if not any(isinstance(h, _StderrHandler) for h in root.handlers):
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(FORMAT))

@@ -13,7 +13,6 @@ import os
 import sys
 
 from tfm_jax import platform
-from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.cli import errors
 from tfm_jax.cli.log_setup import setup_logging
 from tfm_jax.config import paths
@@ -85,6 +84,7 @@ def cmd_train(args, overrides) -> int:
 def cmd_average(args, overrides) -> int:
     """Averages the params of the last N checkpoints into <workdir>/averaged (§6.1)."""
     from tfm_jax.checkpoint import averaging
+    from tfm_jax.checkpoint import layout as ckpt_layout
     from tfm_jax.train import trainer as train
 
     saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
