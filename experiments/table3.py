@@ -1,22 +1,44 @@
-"""Reproduce Table 3 (model variations) by config overrides, and write it beside the paper's.
+"""Reproduce Table 3 (model variations) by config overrides, over seeds, judged by a fixed protocol.
 
-    python experiments/table3.py --preset=small --rows=all
-    python experiments/table3.py --preset=small --rows=base,A1,C256
+    python experiments/table3.py --preset=small --rows=all --seeds=0,1
+    python experiments/table3.py --preset=small --rows=base,A1,C256 --seeds=0,1,2
     python experiments/table3.py --preset=paper --rows=all --print_commands   # for a GPU/TPU pod
 
-Each row runs as `python -m tfm_jax train --config=configs/table3.py:ROW --config.*=...` in its
-own workdir, then `python -m tfm_jax evaluate --split=validation --checkpoint=latest` (dev
-perplexity and dev BLEU with beam search and no checkpoint averaging, as the paper does for
-Table 3). A row whose result file exists is not rerun; an interrupted row resumes from its
-newest checkpoint. Results: experiments/results/table3_<preset>.{md,csv,png}.
+Each (row, seed) runs as `python -m tfm_jax train --config=configs/table3.py:ROW --config.*=...
+--config.train.seed=K` in its own workdir <root>/<ROW>/seed<K>/, then `python -m tfm_jax evaluate
+--split=validation --checkpoint=latest` (dev perplexity and dev BLEU with beam search and no
+checkpoint averaging, as the paper does for Table 3). A (row, seed) whose result.json exists is
+not rerun; an interrupted one resumes from its newest checkpoint. Results:
+experiments/results/table3_<preset>.{md,csv,png} and table3_<preset>_seeds.csv (one line a run).
+
+Seeds. train.seed is the only seed a run has: it draws the initial parameters, the dropout masks
+AND the order of the training batches (data/batching.py and plans.py shuffle by (seed, epoch)).
+Every row of a preset has the same data settings and one shared vocabulary (<root>/vocab/), so
+seed K gives every row the same batches in the same order: the data order varies with the seed,
+identically for all rows. A row's difference from base is then paired per seed (same data
+order), and the spread over seeds includes the data-order noise a rerun would see.
+
+Budget. Every row trains the same number of steps on batches of the same token count (the same
+token budget); big trains 3x as long, as in the paper. The learning-rate schedule does not depend
+on train.num_steps, so a long base run with frequent dev evaluations shows what every shorter
+budget would have reached. To choose the budget from that curve:
+
+    python experiments/table3.py --preset=small --rows=base --seeds=0 --steps=4000 \\
+        --eval_every=100 --root=runs/table3_small_budget --out=runs/table3_small_budget
+    python experiments/table3.py --find_budget=runs/table3_small_budget/base/seed0
+
+then sweep with --steps=<the printed step> and a root of its own.
+
+Old layout: results of the single-seed harness (<root>/<ROW>/result.json, its own vocabulary
+per row) are not read; the script names any it finds and leaves them alone.
 
 Presets:
   paper  WMT14 EN-DE through tfds, newstest2013 dev, 100K steps (big: 300K), ~25k+25k tokens.
   small  Multi30k EN-DE on a 2-core CPU. Every row is the paper's row scaled by the same
          factors: widths (d_model, d_ff, d_k, d_v) x 1/4, layers x 1/2 (C2 -> 1 layer), heads
-         unchanged, steps 100K -> 400 (1/SMALL_STEP_DIVISOR; big keeps its 3x), batches of
-         2,048 tokens a side, warmup 40 steps with lr_factor 0.2 (the same schedule for every
-         row, so its d_model^-0.5 factor still differs between rows as in the paper).
+         unchanged, steps 100K -> 400 by default (--steps; big keeps its 3x), batches of 2,048
+         tokens a side, warmup 40 steps with lr_factor 0.2 (the same schedule for every row, so
+         its d_model^-0.5 factor still differs between rows as in the paper).
   micro  a seconds-long smoke test of the harness itself (CI).
 """
 
@@ -32,6 +54,9 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import table3_stats as stats  # noqa: E402
 
 from tfm_jax.config import paths  # noqa: E402
 from tfm_jax.config.build import load_config_module  # noqa: E402
@@ -42,6 +67,16 @@ TABLE3 = TABLE3_CONFIG.ROWS
 
 SMALL_STEP_DIVISOR = 250  # 100K paper steps -> 400 steps
 WIDTH_KEYS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")
+DEFAULT_SEEDS = {"paper": "0,1", "small": "0,1", "micro": "0"}
+# Overrides that change how often a run logs, evaluates or saves, not what it learns: a finished
+# or half-finished run may be continued under other values of these.
+CADENCE_KEYS = (
+    "train.log_every_steps",
+    "train.eval_every_steps",
+    "train.checkpoint_every_steps",
+    "train.checkpoint_every_secs",
+    "train.keep_checkpoints",
+)
 
 
 def row_model(row: str) -> dict:
@@ -61,6 +96,11 @@ def row_model(row: str) -> dict:
     }
 
 
+def step_multiple(row: str) -> int:
+    """A row's steps over base's in the paper (big: 3), kept at every budget."""
+    return row_model(row)["train.num_steps"] // row_model("base")["train.num_steps"]
+
+
 def scaled(row: str, width: float, depth: float, step_divisor: int) -> dict:
     """One row scaled by the same factors as every other row."""
     paper = row_model(row)
@@ -72,7 +112,15 @@ def scaled(row: str, width: float, depth: float, step_divisor: int) -> dict:
     return out
 
 
-def preset_overrides(preset: str, row: str, data_dir: str | None) -> dict:
+def preset_overrides(preset: str, row: str, data_dir: str | None, steps: int | None = None) -> dict:
+    """The preset's overrides of one row; `steps` (base's budget) replaces the preset's."""
+    o = _preset(preset, row, data_dir)
+    if steps is not None:
+        o["train.num_steps"] = steps * step_multiple(row)
+    return o
+
+
+def _preset(preset: str, row: str, data_dir: str | None) -> dict:
     if preset == "paper":
         return {**row_model(row)}
     if preset == "small":
@@ -89,12 +137,14 @@ def preset_overrides(preset: str, row: str, data_dir: str | None) -> dict:
             "data.tokens_per_batch": 2048,
             "data.packing": True,
             "data.packed_length": 128,
-            # 10% of the run; lr_factor 0.2 puts base's peak at 2.5e-3 (the paper's formula at
-            # warmup 40 would peak at 1.4e-2). Other rows keep the d_model^-0.5 dependence.
+            # 10% of the default 400 steps, and kept at any --steps: the schedule then does not
+            # depend on the budget. lr_factor 0.2 puts base's peak at 2.5e-3 (the paper's
+            # formula at warmup 40 would peak at 1.4e-2). Other rows keep the d_model^-0.5
+            # dependence.
             "optim.warmup_steps": 40,
             "optim.lr_factor": 0.2,
             "train.log_every_steps": 50,
-            "train.eval_every_steps": 100_000,
+            "train.eval_every_steps": 100_000,  # run_overrides: 10 a run, or --eval_every
             "train.checkpoint_every_steps": 200,
             "train.checkpoint_every_secs": 0.0,
             "train.keep_checkpoints": 2,
@@ -127,6 +177,33 @@ def preset_overrides(preset: str, row: str, data_dir: str | None) -> dict:
     raise SystemExit(f"unknown preset {preset!r}: use paper, small or micro")
 
 
+def run_overrides(
+    preset: str,
+    row: str,
+    seed: int,
+    root: str,
+    data_dir: str | None = None,
+    steps: int | None = None,
+    eval_every: int | None = None,
+) -> dict:
+    """Everything one (row, seed) run is started with beyond its row: preset, budget, seed and
+    the vocabulary every row and seed share."""
+    o = preset_overrides(preset, row, data_dir, steps)
+    # One vocabulary for every row and seed (the first run trains it): the same tokens, so the
+    # same batches for a given seed.
+    o["data.vocab_path"] = os.path.join(root, "vocab", f"spm_{_vocab_size(o)}.model")
+    o["train.seed"] = int(seed)
+    if eval_every:
+        o["train.eval_every_steps"] = int(eval_every)
+    elif preset == "small":  # ten points of each row's dev curve: did the row plateau?
+        o["train.eval_every_steps"] = max(1, o["train.num_steps"] // 10)
+    return o
+
+
+def _vocab_size(o: dict) -> int:
+    return o.get("model.vocab_size") or TABLE3_CONFIG.get_config("base").model.vocab_size
+
+
 def cli_args(overrides: dict) -> list[str]:
     return [f"--config.{k}={v}" for k, v in overrides.items()]
 
@@ -151,15 +228,48 @@ def run_cmd(args: list[str], log_path: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def run_row(preset: str, row: str, root: str, data_dir: str | None) -> dict:
-    """Trains and evaluates one row, unless its result.json exists (then just reads it)."""
-    workdir = os.path.join(root, row)
+def workdir_of(root: str, row: str, seed: int) -> str:
+    return os.path.join(root, row, f"seed{seed}")
+
+
+def _substance(overrides: dict) -> dict:
+    """The overrides that decide what a run learns; paths compared as the files they name."""
+    out = {k: v for k, v in overrides.items() if k not in CADENCE_KEYS}
+    for key in ("data.dir", "data.vocab_path"):
+        if out.get(key):
+            out[key] = os.path.realpath(out[key])
+    return out
+
+
+def _check_same_run(workdir: str, recorded: dict, overrides: dict) -> None:
+    """A workdir continues only the experiment it was started for (else: another --root)."""
+    old, new = _substance(recorded), _substance(json.loads(json.dumps(overrides)))
+    if old != new:
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        raise SystemExit(
+            f"{workdir} was started with other settings ({', '.join(changed)}: "
+            f"{[old.get(k) for k in changed]} there, {[new.get(k) for k in changed]} now); "
+            "pass another --root for a different budget or preset"
+        )
+
+
+def run_one(preset: str, row: str, seed: int, root: str, **kw) -> dict:
+    """Trains and evaluates one (row, seed), unless its result.json exists (then reads it)."""
+    workdir = workdir_of(root, row, seed)
+    overrides = run_overrides(preset, row, seed, root, **kw)
     result_path = os.path.join(workdir, "result.json")
     if os.path.exists(result_path):
         with open(result_path) as f:
-            return json.load(f)
+            result = json.load(f)
+        _check_same_run(workdir, result["overrides"], overrides)
+        return result
     os.makedirs(workdir, exist_ok=True)
-    overrides = preset_overrides(preset, row, data_dir)
+    started = os.path.join(workdir, "harness.json")
+    if os.path.exists(started):
+        with open(started) as f:
+            _check_same_run(workdir, json.load(f), overrides)
+    with open(started, "w") as f:
+        json.dump(overrides, f, indent=2)
     log_path = os.path.join(workdir, "log.txt")
     t0 = time.time()
     train_args = ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"]
@@ -167,84 +277,48 @@ def run_row(preset: str, row: str, root: str, data_dir: str | None) -> dict:
     train_s = time.time() - t0
     eval_args = ["evaluate", f"--workdir={workdir}", "--split=validation", "--checkpoint=latest"]
     scores = json.loads(run_cmd(eval_args, log_path))
+    eval_s = time.time() - t0 - train_s
     params = json.loads(
         run_cmd(
             ["params", f"--config=configs/table3.py:{row}", "--json"] + cli_args(overrides),
             log_path,
         )
     )["rows"]
+    curve = stats.dev_curve(stats.read_metrics(workdir))
     result = {
         "row": row,
+        "seed": int(seed),
         "overrides": overrides,
         "ppl": scores["ppl"],
         "bleu": scores["bleu"],
         "bleu_tok_compound": scores.get("bleu_tok_compound"),
         "params": next(iter(params.values()))["params"],
+        "dev_curve": curve,  # (step, dev NLL) of the evaluations during training
+        "plateau_step": stats.plateau_step(curve),
         "train_seconds": round(train_s, 1),
+        "eval_seconds": round(eval_s, 1),
         "command": "python -m tfm_jax " + " ".join(train_args + cli_args(overrides)),
     }
     with open(result_path + ".tmp", "w") as f:
         json.dump(result, f, indent=2)
-    os.replace(result_path + ".tmp", result_path)  # a row counts as done only when complete
+    os.replace(result_path + ".tmp", result_path)  # a run counts as done only when complete
     return result
 
 
-# The paper's qualitative claims about Table 3, as (row, base-relative claim, metric, sign):
-# sign -1 means the row's metric should be worse than base's (BLEU lower / PPL higher).
-CLAIMS = (
-    ("A1", "single-head attention is worse than 8 heads (§6.2)", "bleu", -1),
-    ("A32", "too many heads also hurt quality (§6.2)", "bleu", -1),
-    ("B16", "reducing d_k hurts quality (§6.2)", "bleu", -1),
-    ("B32", "reducing d_k hurts quality (§6.2)", "bleu", -1),
-    ("C2", "fewer layers are worse", "bleu", -1),
-    ("C4", "fewer layers are worse", "bleu", -1),
-    ("C8", "more layers are better", "bleu", +1),
-    ("C256", "a smaller model is worse", "bleu", -1),
-    ("C1024", "a bigger model is better", "bleu", +1),
-    ("Cff1024", "a smaller d_ff is worse", "bleu", -1),
-    ("Cff4096", "a bigger d_ff is better", "bleu", +1),
-    ("D0.0", "dropout helps: no dropout is worse", "bleu", -1),
-    ("Dls0.0", "label smoothing hurts perplexity: none gives lower PPL", "ppl", +1),
-    ("big", "the big model is better", "bleu", +1),
-)
+def legacy_results(root: str, rows: list[str]) -> list[str]:
+    """Result files of the old single-seed layout under `root` (read by nothing here)."""
+    return [p for p in (os.path.join(root, r, "result.json") for r in rows) if os.path.exists(p)]
 
 
-def orderings(results: list[dict]) -> list[str]:
-    """Which of the paper's claims the measured rows reproduce (relative to our base row)."""
-    by_row = {r["row"]: r for r in results}
-    if "base" not in by_row:
-        return ["(no base row: orderings need it)"]
-    base = by_row["base"]
-    lines = []
-    for row, claim, metric, sign in CLAIMS:
-        if row not in by_row:
-            continue
-        ours = by_row[row][metric]
-        # "better": BLEU higher / PPL lower; sign says whether the paper finds the row better
-        better = ours > base[metric] if metric == "bleu" else ours < base[metric]
-        held = better == (sign > 0)
-        lines.append(
-            f"- {row}: {claim}: {'reproduced' if held else 'NOT reproduced'} "
-            f"({metric} {ours:.2f} vs base {base[metric]:.2f})"
-        )
-    if "E" in by_row:
-        e = by_row["E"]
-        lines.append(
-            f"- E: learned positions are nearly identical to sinusoids (paper 25.7 vs 25.8 BLEU): "
-            f"BLEU {e['bleu']:.2f} vs base {base['bleu']:.2f}"
-        )
-    return lines
-
+# ---- the report ----
 
 SCALING = {
     "small": (
         "Scale (every row alike): the paper's row with d_model, d_ff, d_k and d_v x 1/4, layers "
-        "x 1/2 (at least 1), heads, dropout and label smoothing unchanged; 100K steps -> 400 "
-        "(big 300K -> 1,200); Multi30k EN-DE (29k pairs, dev = val), an 8k joint BPE, packed "
-        "batches of 2,048 target tokens (the paper: ~25k); warmup 40 steps with lr_factor 0.2 "
-        "(the d_model^-0.5 factor still differs between rows, as in the paper). 400 steps are "
-        "~28 epochs' worth of updates at ~1/12 of the paper's batch: every row is far from "
-        "convergence (base dev PPL 31.5; the 1,100-step quickstart reaches 6.3)."
+        "x 1/2 (at least 1), heads, dropout and label smoothing unchanged; Multi30k EN-DE (29k "
+        "pairs, dev = val), one 8k joint BPE shared by every run, packed batches of 2,048 "
+        "target tokens (the paper: ~25k); warmup 40 steps with lr_factor 0.2 (the d_model^-0.5 "
+        "factor still differs between rows, as in the paper)."
     ),
     "paper": "Scale: the paper's rows as they are (WMT14 EN-DE, newstest2013 dev).",
     "micro": "Scale: a few steps of a tiny model; a smoke test of the harness, not a result.",
@@ -255,47 +329,186 @@ KEYS = ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "m
         "model.d_v", "model.dropout", "loss.label_smoothing", "train.num_steps")  # fmt: skip
 
 
-def write_table(preset: str, results: list[dict], out_dir: str, command: str) -> list[str]:
-    """Markdown + CSV in the paper's format with the paper's numbers beside ours, and a chart."""
+def paper_value(row: str, metric: str) -> float:
+    return getattr(TABLE3[row], metric)
+
+
+def paper_gap(c: stats.Comparison, metric: str) -> float:
+    return stats.difference(metric, paper_value(c.row, metric), paper_value(c.ref, metric))
+
+
+def _fmt_gap(metric: str, value: float | None, spread: float | None = None) -> str:
+    if value is None:
+        return "-"
+    unit = "%" if metric == "ppl" else ""
+    text = f"{value:+.1f}{unit}" if metric == "ppl" else f"{value:+.2f}"
+    if spread is not None:
+        text += f" ± {spread:.1f}{unit}" if metric == "ppl" else f" ± {spread:.2f}"
+    return text
+
+
+def protocol_lines(seeds: list[int], steps: int) -> list[str]:
+    """The pre-registered protocol, fixed before the runs: the report's header."""
+    big = steps * step_multiple("big")
+    lines = [
+        "## Protocol (fixed before the runs; experiments/table3_stats.py)",
+        "",
+        f"- Seeds: {', '.join(map(str, seeds))} for every row. train.seed draws the initial "
+        "parameters, the dropout masks and the batch order; every row shares one vocabulary "
+        "and the data settings, so seed K gives every row the same batches in the same order.",
+        f"- Budget: every row {steps:,} steps of equal-token batches (the same token budget); "
+        f"big {big:,} (3x, as in the paper).",
+        "- Primary metric: dev perplexity at the latest checkpoint (the end of the budget; the "
+        "harness keeps no best checkpoint: the budget is chosen where base's dev loss "
+        "plateaus). Secondary: dev BLEU (beam 4, alpha 0.6). No checkpoint averaging.",
+        "- A difference is paired per seed: PPL as 100 (PPL_row / PPL_ref - 1) %, BLEU in "
+        "points. With n seeds, mean m and standard error se = sd / sqrt(n), it is real when "
+        f"n >= 2, |m| > {stats.SE_MULTIPLE:g} se and |m| > the minimum effect "
+        f"({stats.MIN_EFFECT['ppl']:g}% PPL, {stats.MIN_EFFECT['bleu']:g} BLEU).",
+        "- Verdicts. Strict (the paper finds the row better or worse): real in the paper's "
+        "direction -> reproduced; real the other way -> reversed; else inconclusive (within "
+        f"noise). Tie: |m| + {stats.SE_MULTIPLE:g} se <= the minimum effect -> tie as in the "
+        "paper; real -> not a tie (real difference); else inconclusive. One seed is always "
+        "inconclusive (no noise estimate). At n = 2 the 2 se rule is a screen, not a "
+        "significance test.",
+        f"- The paper's gaps were classed as: tie when |gap| <= {stats.PAPER_TIE['ppl']:g}% "
+        f"PPL / {stats.PAPER_TIE['bleu']:g} BLEU, strict when >= "
+        f"{stats.PAPER_STRICT['ppl']:g}% / {stats.PAPER_STRICT['bleu']:g}, not judged between.",
+        "",
+        "| # | section | comparison | claim | paper PPL | expected (PPL, primary) | "
+        "paper BLEU | expected (BLEU) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for i, c in enumerate(stats.PROTOCOL, 1):
+        cells = [str(i), c.section, c.name, c.claim]
+        for metric in stats.METRICS:
+            ref, row = paper_value(c.ref, metric), paper_value(c.row, metric)
+            digits = 2 if metric == "ppl" else 1
+            gap = _fmt_gap(metric, paper_gap(c, metric))
+            cells.append(f"{ref:.{digits}f} -> {row:.{digits}f} ({gap})")
+            cells.append(c.expect[metric] or "not judged")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def row_summaries(results: list[dict], rows: list[str]) -> list[dict]:
+    """Per row: the runs' seeds, mean and sd of PPL and BLEU, and one run's settings."""
+    out = []
+    for row in rows:
+        runs = sorted((r for r in results if r["row"] == row), key=lambda r: r.get("seed", 0))
+        if not runs:
+            continue
+        s = {"row": row, "runs": runs, "seeds": [r.get("seed", 0) for r in runs]}
+        for metric in stats.METRICS:
+            s[metric] = stats.mean_sd([r[metric] for r in runs])
+        out.append(s)
+    return out
+
+
+def _pm(mean_sd: tuple, digits: int) -> str:
+    mean, sd = mean_sd
+    return f"{mean:.{digits}f}" + ("" if sd is None else f" ± {sd:.{digits}f}")
+
+
+def write_table(
+    preset: str,
+    results: list[dict],
+    out_dir: str,
+    command: str,
+    seeds: list[int] | None = None,
+    steps: int | None = None,
+) -> list[str]:
+    """Markdown + CSVs with the paper's numbers beside ours, the verdicts, and a chart."""
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, f"table3_{preset}")
-    header = ["row", *COLUMNS, "PPL (dev)", "BLEU (dev)", "params (M)",
-              "paper PPL", "paper BLEU", "paper params (M)"]  # fmt: skip
-    rows = []
-    for r in results:
-        paper = TABLE3[r["row"]]
-        o = r["overrides"]
-        rows.append([
-            r["row"], *(o[k] for k in KEYS), f"{r['ppl']:.2f}", f"{r['bleu']:.1f}",
-            f"{r['params'] / 1e6:.2f}", paper.ppl, paper.bleu,
-            paper.params_millions if paper.params_millions is not None else "",
+    seeds = seeds if seeds is not None else sorted({r.get("seed", 0) for r in results})
+    if steps is None:
+        steps = preset_overrides(preset, "base", None)["train.num_steps"]
+    rows = row_summaries(results, list(TABLE3))
+    header = ["row", *COLUMNS, "seeds", "PPL (dev)", "PPL sd", "BLEU (dev)", "BLEU sd",
+              "params (M)", "paper PPL", "paper BLEU", "paper params (M)"]  # fmt: skip
+    csv_rows, md_rows = [], []
+    for s in rows:
+        paper, o = TABLE3[s["row"]], s["runs"][0]["overrides"]
+        (ppl, ppl_sd), (bleu, bleu_sd) = s["ppl"], s["bleu"]
+        plateaus = [r.get("plateau_step") for r in s["runs"]]
+        settings = [o[k] for k in KEYS]
+        paper_params = paper.params_millions if paper.params_millions is not None else ""
+        paper_cols = [paper.ppl, paper.bleu, paper_params]
+        csv_rows.append([
+            s["row"], *settings, " ".join(map(str, s["seeds"])), f"{ppl:.3f}",
+            "" if ppl_sd is None else f"{ppl_sd:.3f}", f"{bleu:.2f}",
+            "" if bleu_sd is None else f"{bleu_sd:.2f}", f"{s['runs'][0]['params'] / 1e6:.2f}",
+            *paper_cols,
+        ])  # fmt: skip
+        md_rows.append([
+            s["row"], *settings, len(s["runs"]), _pm(s["ppl"], 2), _pm(s["bleu"], 1),
+            " / ".join("-" if p is None else str(p) for p in plateaus),
+            f"{s['runs'][0]['params'] / 1e6:.2f}", *paper_cols,
         ])  # fmt: skip
     with open(stem + ".csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
-        w.writerows(rows)
+        w.writerows(csv_rows)
+    with open(stem + "_seeds.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["row", "seed", "ppl", "bleu", "bleu_tok_compound", "params", "plateau_step",
+                    "train_seconds", "eval_seconds"])  # fmt: skip
+        for s in rows:
+            for r in s["runs"]:
+                w.writerow([r["row"], r.get("seed", 0), r["ppl"], r["bleu"],
+                            r.get("bleu_tok_compound"), r["params"], r.get("plateau_step"),
+                            r.get("train_seconds"), r.get("eval_seconds")])  # fmt: skip
+
+    md_header = ["row", *COLUMNS, "n", "PPL (dev)", "BLEU (dev)", "plateau step", "params (M)",
+                 "paper PPL", "paper BLEU", "paper params (M)"]  # fmt: skip
+    judged = stats.judge_protocol(results)
     lines = [
         f"# Table 3 reproduction, preset `{preset}`",
         "",
         f"Command: `{command}`",
         "",
         "Ours: dev perplexity per wordpiece and dev sacreBLEU (beam 4, alpha 0.6, no checkpoint "
-        "averaging). Paper: newstest2013 at full scale (../shared/PAPER.md).",
+        "averaging), mean ± sd over seeds. Paper: newstest2013 at full scale, one run a row "
+        "(../shared/PAPER.md).",
         "",
         SCALING[preset],
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
+        *protocol_lines(seeds, steps),
+        "",
+        "## Verdicts",
+        "",
+        f"**{stats.summary_line(judged)}** (dev PPL, the primary metric).",
+        "",
+        f"Dev BLEU (secondary): {stats.summary_line(judged, 'bleu')}.",
+        "",
+        "| # | comparison | expected PPL | ours: PPL diff (mean ± sd, n) | verdict (PPL) | "
+        "expected BLEU | ours: BLEU diff | verdict (BLEU) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    found = orderings(results)
-    held = sum(": reproduced" in line for line in found)
-    tested = sum("reproduced" in line for line in found)
-    lines += ["", "## The paper's orderings at this scale", "",
-              f"{held} of {tested} reproduced.", "", *found]  # fmt: skip
+    for i, (c, j) in enumerate(zip(stats.PROTOCOL, judged, strict=True), 1):
+        cells = [str(i), c.name]
+        for metric in stats.METRICS:
+            jm = j[metric]
+            n = f", n={len(jm.seeds)}" if jm.seeds else ""
+            expected = c.expect[metric] or "not judged"
+            cells += [f"{expected} ({_fmt_gap(metric, paper_gap(c, metric))})",
+                      _fmt_gap(metric, jm.mean, jm.sd) + n, jm.verdict]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Rows",
+        "",
+        "Plateau step: per seed, the first dev evaluation after which dev NLL never improved by "
+        "more than 0.01 nats (- : not reached, or too few evaluations; see --eval_every).",
+        "",
+        "| " + " | ".join(md_header) + " |",
+        "|" + "---|" * len(md_header),
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in md_rows),
+    ]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
-    written = [stem + ".md", stem + ".csv"]
+    written = [stem + ".md", stem + ".csv", stem + "_seeds.csv"]
     try:
         written.append(plot_chart(results, stem + ".png"))
     except ImportError:
@@ -303,73 +516,191 @@ def write_table(preset: str, results: list[dict], out_dir: str, command: str) ->
     return written
 
 
+def chart_data(results: list[dict]) -> list[dict]:
+    """Per row other than base (by section): our paired differences from base and the paper's."""
+    tables = {m: stats.by_row_seed(results, m) for m in stats.METRICS}
+    out = []
+    for row in TABLE3:
+        if row == "base" or row not in tables["ppl"]:
+            continue
+        entry = {"row": row, "section": stats.section_of(row)}
+        for metric in stats.METRICS:
+            seeds, diffs = stats.paired(metric, tables[metric][row], tables[metric].get("base", {}))
+            mean, sd = stats.mean_sd(diffs)
+            se = None if sd is None else sd / len(diffs) ** 0.5
+            entry[metric] = {
+                "ours": mean,
+                "band": None if se is None else stats.SE_MULTIPLE * se,
+                "paper": stats.difference(
+                    metric, paper_value(row, metric), paper_value("base", metric)
+                ),
+            }
+        out.append(entry)
+    return out
+
+
 def plot_chart(results: list[dict], path: str) -> str:
+    """Each row's difference from base, ours (± 2 se over seeds) beside the paper's, by section."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [r["row"] for r in results]
-    x = range(len(names))
-    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(names) * 0.6), 7), sharex=True)
-    for ax, key, paper_key, label in (
-        (axes[0], "bleu", "bleu", "dev BLEU"),
-        (axes[1], "ppl", "ppl", "dev PPL"),
-    ):
-        ours = [r[key] for r in results]
-        paper = [getattr(TABLE3[n], paper_key) for n in names]
-        ax.plot(x, ours, "o-", label="ours")
-        ax2 = ax.twinx()
-        ax2.plot(x, paper, "s--", color="tab:orange", label="paper (right axis)")
-        ax.set_ylabel(f"{label} (ours)")
-        ax2.set_ylabel(f"{label} (paper)")
-        ax.grid(alpha=0.3)
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = ax2.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, loc="best", fontsize=8)
-    axes[1].set_xticks(list(x))
-    axes[1].set_xticklabels(names, rotation=45)
+    data = chart_data(results)
+    xs, x, last = [], 0.0, None
+    for d in data:  # a gap between the paper's sections
+        x += 1.0 if last in (None, d["section"]) else 1.8
+        xs.append(x)
+        last = d["section"]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(data) + 3), 8), sharex=True)
+    width = 0.38
+    panels = (
+        ("ppl", "dev PPL vs base (%)\n(lower is better)"),
+        ("bleu", "dev BLEU vs base (points)\n(higher is better)"),
+    )
+    for ax, (metric, label) in zip(axes, panels, strict=True):
+        ours = [d[metric]["ours"] if d[metric]["ours"] is not None else float("nan") for d in data]
+        band = [d[metric]["band"] or 0.0 for d in data]
+        paper = [d[metric]["paper"] for d in data]
+        ours_label = f"ours (mean over seeds, ± {stats.SE_MULTIPLE:g} se; hatched: one seed)"
+        left, right = [v - width / 2 for v in xs], [v + width / 2 for v in xs]
+        bars = ax.bar(left, ours, width, yerr=band, capsize=3, color="tab:blue", label=ours_label)
+        for bar, d in zip(bars, data, strict=True):
+            if d[metric]["band"] is None:  # no spread to show
+                bar.set_hatch("//")
+        ax.bar(right, paper, width, color="tab:orange", label="paper (one run, full scale)")
+        ax.axhline(0.0, color="black", lw=0.8)
+        for sign in (-1, 1):
+            ax.axhline(sign * stats.MIN_EFFECT[metric], color="grey", lw=0.8, ls=":")
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    sections: dict[str, list[float]] = {}
+    for d, v in zip(data, xs, strict=True):
+        sections.setdefault(d["section"], []).append(v)
+    for name, where in sections.items():
+        axes[0].annotate(
+            name, (sum(where) / len(where), 1.0), xycoords=("data", "axes fraction"),
+            ha="center", va="bottom", fontweight="bold",
+        )  # fmt: skip
+    axes[1].set_xticks(xs)
+    axes[1].set_xticklabels([d["row"] for d in data], rotation=45)
+    fig.suptitle("Table 3: each row's difference from base (dotted: the minimum effect)", y=0.99)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
+def find_budget(path: str, threshold: float) -> dict:
+    """The plateau of a (base) run's dev curve: the step to use as --steps."""
+    curve = stats.dev_curve(stats.read_metrics(path))
+    step = stats.plateau_step(curve, threshold)
+    out = {
+        "metrics": path,
+        "evals": len(curve),
+        "last_step": curve[-1][0] if curve else None,
+        "threshold_nats": threshold,
+        "plateau_step": step,
+    }
+    if step is None:
+        out["advice"] = "no plateau yet: train base longer (or evaluate more often) and rerun"
+    else:
+        out["advice"] = f"sweep with --steps={step} (big: {step * step_multiple('big')})"
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds={text!r}: comma-separated integers, e.g. 0,1") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds={text!r}: at least one seed, none twice")
+    return seeds
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--preset", default="small", choices=("paper", "small", "micro"))
     p.add_argument("--rows", default="all", help="comma-separated Table 3 rows, or 'all'")
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated train.seed values, each row run once per seed "
+        f"(default: {DEFAULT_SEEDS})",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="base's training steps, the same for every row (big: 3x); default: "
+        "the preset's (paper 100K, small 400, micro 5)",
+    )
+    p.add_argument(
+        "--eval_every",
+        type=int,
+        default=None,
+        help="dev evaluation every N steps during training (the curve in "
+        "result.json and --find_budget); default: small 10 a run, paper every 5K, "
+        "micro at the end",
+    )
     p.add_argument("--root", default=None, help="default: runs/table3_<preset>")
     p.add_argument("--out", default=os.path.join(REPO, "experiments", "results"))
     p.add_argument("--data_dir", default=None, help="small/micro: the parallel-text folder")
     p.add_argument("--print_commands", action="store_true", help="print, don't run")
+    p.add_argument(
+        "--find_budget",
+        default=None,
+        metavar="RUN",
+        help="print the step where RUN's dev NLL stops improving (RUN: a workdir or "
+        "its metrics.jsonl), then exit",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.01,
+        help="--find_budget: the smallest dev NLL improvement (nats) that counts",
+    )
     args = p.parse_args(argv)
-    paths.resolve_args(args, ("root", "out", "data_dir"))  # the runs are started from the repo
+    paths.resolve_args(args, ("root", "out", "data_dir", "find_budget"))
+    if args.find_budget:
+        print(json.dumps(find_budget(args.find_budget, args.threshold)))
+        return 0
     rows = list(TABLE3) if args.rows == "all" else args.rows.split(",")
     unknown = [r for r in rows if r not in TABLE3]
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; Table 3 rows: {', '.join(TABLE3)}")
+    if "base" in rows:  # every comparison needs base: run it first
+        rows = ["base"] + [r for r in rows if r != "base"]
+    seeds = parse_seeds(args.seeds or DEFAULT_SEEDS[args.preset])
+    steps = args.steps or preset_overrides(args.preset, "base", None)["train.num_steps"]
     root = args.root or os.path.join(REPO, "runs", f"table3_{args.preset}")
+    kw = dict(data_dir=args.data_dir, steps=steps, eval_every=args.eval_every)
     if args.print_commands:
         for row in rows:
-            o = preset_overrides(args.preset, row, args.data_dir)
-            print(
-                f"python -m tfm_jax train --config=configs/table3.py:{row} "
-                f"--workdir={os.path.join(root, row)} " + " ".join(cli_args(o))
-            )
+            for seed in seeds:
+                o = run_overrides(args.preset, row, seed, root, **kw)
+                print(
+                    f"python -m tfm_jax train --config=configs/table3.py:{row} "
+                    f"--workdir={workdir_of(root, row, seed)} " + " ".join(cli_args(o))
+                )
         return 0
-    results = []
-    for row in rows:
-        t0 = time.time()
-        results.append(run_row(args.preset, row, root, args.data_dir))
-        r = results[-1]
-        print(
-            f"{row}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} params {r['params'] / 1e6:.2f}M "
-            f"({time.time() - t0:.0f} s)",
-            flush=True,
-        )
-        command = "python experiments/table3.py " + " ".join(argv or sys.argv[1:])
-        tables = write_table(args.preset, results, args.out, command)
+    for old in legacy_results(root, rows):
+        print(f"not read (the old single-seed layout, its own vocabulary): {old}", flush=True)
+    command = "python experiments/table3.py " + " ".join(argv or sys.argv[1:])
+    results, tables = [], []
+    for row in rows:  # row by row: each finished row adds complete comparisons
+        for seed in seeds:
+            t0 = time.time()
+            r = run_one(args.preset, row, seed, root, **kw)
+            results.append(r)
+            print(
+                f"{row} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
+                f"params {r['params'] / 1e6:.2f}M ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
+            tables = write_table(args.preset, results, args.out, command, seeds, steps)
     print(json.dumps({"tables": tables}))
     return 0
 

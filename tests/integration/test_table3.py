@@ -1,8 +1,10 @@
-"""The Table 3 harness on two rows with the micro preset: table written, paper columns right,
-finished rows skipped on a rerun."""
+"""The Table 3 harness on two rows with the micro preset: one workdir per (row, seed), the table
+and the protocol written, paper columns right, finished runs skipped and new seeds added on a
+rerun, a changed budget refused, and --find_budget on a run's curve."""
 
 import csv
 import importlib.util
+import json
 import os
 
 import pytest
@@ -23,20 +25,6 @@ def load_harness():
     return module
 
 
-def test_orderings_compare_rows_with_base():
-    h = load_harness()
-    rows = [
-        {"row": "base", "bleu": 20.0, "ppl": 10.0},
-        {"row": "A1", "bleu": 18.0, "ppl": 11.0},
-        {"row": "C8", "bleu": 19.0, "ppl": 9.0},
-        {"row": "Dls0.0", "bleu": 19.5, "ppl": 9.5},
-    ]
-    lines = "\n".join(h.orderings(rows))
-    assert "A1: single-head attention is worse than 8 heads (§6.2): reproduced" in lines
-    assert "C8: more layers are better: NOT reproduced" in lines
-    assert "Dls0.0: label smoothing hurts perplexity: none gives lower PPL: reproduced" in lines
-
-
 def test_small_preset_scales_every_row_alike():
     h = load_harness()
     base = h.preset_overrides("small", "base", None)
@@ -51,28 +39,71 @@ def test_small_preset_scales_every_row_alike():
     assert h.preset_overrides("paper", "B16", None)["model.d_k"] == 16
 
 
+def test_budget_seed_and_vocabulary_per_run():
+    h = load_harness()
+    # --steps is base's budget: every row the same, big 3x
+    assert h.preset_overrides("small", "A1", None, steps=2000)["train.num_steps"] == 2000
+    assert h.preset_overrides("small", "big", None, steps=2000)["train.num_steps"] == 6000
+    a = h.run_overrides("small", "A1", 1, "/r")
+    b = h.run_overrides("small", "base", 0, "/r", eval_every=25)
+    assert a["train.seed"] == 1 and b["train.seed"] == 0
+    # one vocabulary for every row and seed: the same batches for a given seed
+    assert a["data.vocab_path"] == b["data.vocab_path"] == "/r/vocab/spm_8000.model"
+    assert a["train.eval_every_steps"] == 40 and b["train.eval_every_steps"] == 25
+    assert h.workdir_of("/r", "A1", 1) == "/r/A1/seed1"
+    assert h.parse_seeds("0,1,2") == [0, 1, 2]
+    with pytest.raises(SystemExit):
+        h.parse_seeds("0,0")
+
+
 @pytest.mark.slow
-def test_micro_sweep_two_rows_and_resume(tmp_path):
+def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     h = load_harness()
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=600, n_val=16)
-    args = ["--preset=micro", "--rows=base,D0.0", f"--root={tmp_path / 'runs'}",
-            f"--out={tmp_path / 'out'}", f"--data_dir={corpus}"]  # fmt: skip
-    assert h.main(args) == 0
-    with open(tmp_path / "out" / "table3_micro.csv") as f:
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    common = ["--preset=micro", "--rows=D0.0,base", f"--root={runs}", f"--out={out}",
+              f"--data_dir={corpus}"]  # fmt: skip
+    assert h.main([*common, "--seeds=0"]) == 0
+    with open(out / "table3_micro.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["row"] for r in rows] == ["base", "D0.0"]
+    assert [r["row"] for r in rows] == ["base", "D0.0"]  # base first, then Table 3's order
     for r in rows:
         paper = TABLE3[r["row"]]
         assert float(r["paper PPL"]) == paper.ppl and float(r["paper BLEU"]) == paper.bleu
-        assert float(r["PPL (dev)"]) > 1.0
+        assert float(r["PPL (dev)"]) > 1.0 and r["seeds"] == "0" and r["PPL sd"] == ""
     assert rows[0]["paper params (M)"] == "65" and rows[1]["P_drop"] == "0.0"
-    md = (tmp_path / "out" / "table3_micro.md").read_text()
-    assert "| base |" in md and "paper BLEU" in md
-    assert "- D0.0: dropout helps" in md  # the paper's ordering, checked against our numbers
-    assert "of 1 reproduced." in md and "Scale: a few steps" in md
-    # rerun: finished rows are read back, not retrained
-    stamps = {r: os.path.getmtime(tmp_path / "runs" / r / "result.json") for r in ("base", "D0.0")}
-    assert h.main(args) == 0
+    result = json.loads((runs / "D0.0" / "seed0" / "result.json").read_text())
+    assert result["seed"] == 0 and result["overrides"]["train.seed"] == 0
+    assert [s for s, _ in result["dev_curve"]] == [5]  # micro evaluates at the end only
+    assert os.path.exists(result["overrides"]["data.vocab_path"])  # shared, under the root
+    md = (out / "table3_micro.md").read_text()
+    assert "## Protocol" in md and "- Seeds: 0 for every row." in md
+    assert "Scale: a few steps" in md and "| base |" in md and "paper BLEU" in md
+    # one seed: no noise estimate, so D0.0 is inconclusive; the other 13 were not run
+    assert "0 of 14 comparisons reproduced or tied as in the paper" in md
+    assert "1 inconclusive (within noise), 13 not run" in md
+    assert "| 9 | D0.0 vs base | worse (+17.3%) |" in md
+
+    # rerun with a second seed: the seed-0 runs are read back, not retrained
+    stamps = {r: os.path.getmtime(runs / r / "seed0" / "result.json") for r in ("base", "D0.0")}
+    (runs / "base" / "result.json").write_text("{}")  # the old single-seed layout
+    assert h.main([*common, "--seeds=0,1"]) == 0
+    assert "not read (the old single-seed layout" in capsys.readouterr().out
     for r, t in stamps.items():
-        assert os.path.getmtime(tmp_path / "runs" / r / "result.json") == t
-    assert (tmp_path / "out" / "table3_micro.png").exists()
+        assert os.path.getmtime(runs / r / "seed0" / "result.json") == t
+        assert (runs / r / "seed1" / "result.json").exists()
+    with open(out / "table3_micro_seeds.csv") as f:
+        seeds = [(r["row"], r["seed"]) for r in csv.DictReader(f)]
+    assert seeds == [("base", "0"), ("base", "1"), ("D0.0", "0"), ("D0.0", "1")]
+    md = (out / "table3_micro.md").read_text()
+    assert "- Seeds: 0, 1 for every row." in md and "n=2 |" in md
+    assert "comparisons reproduced or tied as in the paper" in md
+    assert (out / "table3_micro.png").exists()
+
+    # another budget in the same root is refused, not mixed in
+    with pytest.raises(SystemExit, match="train.num_steps"):
+        h.main([*common, "--seeds=0", "--steps=6"])
+
+    assert h.main([f"--find_budget={runs / 'base' / 'seed0'}"]) == 0
+    budget = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert budget["evals"] == 1 and budget["plateau_step"] is None  # one point: no plateau

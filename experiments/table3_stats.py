@@ -1,0 +1,268 @@
+"""Table 3's pre-registered protocol and its statistics, as data and pure functions over numbers.
+
+No runs, no JAX: experiments/table3.py feeds these the (row, seed) results it collected, and
+tests/unit/test_table3_stats.py checks them on hand-made numbers. What is fixed here before any
+sweep runs (and written into the report's header):
+
+- the 14 comparisons (PROTOCOL), each a row against a reference row (base, or Cff1024 for d_ff),
+  with what the paper's own numbers lead us to expect per metric: "better", "worse" (a strict
+  ordering) or "tie";
+- how the paper's gaps were classed into those (PAPER_* thresholds; a unit test re-derives
+  every expectation from configs/table3.py's numbers, so data and rule cannot drift apart);
+- the primary metric (dev perplexity; dev BLEU secondary), the units of a difference, and the
+  verdict rule (SE_MULTIPLE, MIN_EFFECT).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+PRIMARY, SECONDARY = "ppl", "bleu"
+METRICS = (PRIMARY, SECONDARY)
+
+# How the paper's gaps (its single run per row) were classed, on the paper's own scale.
+# PPL gaps are relative to the reference row's PPL; BLEU gaps are in points (the paper prints one
+# decimal, so 0.1-0.3 is about the rounding and run-to-run noise of one run).
+PAPER_TIE = {"ppl": 1.0, "bleu": 0.3}  # |gap| <= this: a tie (PPL in %)
+PAPER_STRICT = {"ppl": 3.0, "bleu": 0.5}  # |gap| >= this: a strict ordering; between: not judged
+
+# Our side. A paired difference is "real" when |mean| > SE_MULTIPLE x its standard error AND
+# |mean| > MIN_EFFECT. MIN_EFFECT sits between the paper's tie and strict bands, in the same units.
+SE_MULTIPLE = 2.0
+MIN_EFFECT = {"ppl": 2.0, "bleu": 0.4}  # PPL: % of the reference row's PPL; BLEU: points
+
+REPRODUCED = "reproduced"
+TIED = "tie as in the paper"
+REVERSED = "reversed"
+INCONCLUSIVE = "inconclusive (within noise)"
+NOT_A_TIE = "not a tie (real difference)"  # the paper ties, we measure a real gap
+NOT_RUN = "not run"
+NOT_JUDGED = "not judged"  # the paper's gap is between its tie and strict bands
+AGREES = (REPRODUCED, TIED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One pre-registered comparison: `row` against `ref`, expected per metric."""
+
+    section: str  # the paper's Table 3 section: A, B, C, D, E or big
+    row: str
+    ref: str
+    claim: str
+    expect: dict  # metric -> "better" | "worse" | "tie" | None (not judged on that metric)
+
+    @property
+    def name(self) -> str:
+        return f"{self.row} vs {self.ref}"
+
+
+def _c(section, row, claim, ppl, bleu, ref="base"):
+    return Comparison(section, row, ref, claim, {"ppl": ppl, "bleu": bleu})
+
+
+# The paper's numbers behind each line (PPL / BLEU, ref -> row) are in configs/table3.py; the
+# report prints them beside these. Rows of Table 3 not listed (A4, A32, B32, C4, Cff1024 on its
+# own) have PPL gaps between the tie and strict bands or repeat a listed claim: the report shows
+# their differences but counts no verdict for them.
+PROTOCOL: tuple[Comparison, ...] = (
+    _c("A", "A1", "one head is worse than 8 (§6.2)", "worse", "worse"),
+    _c("A", "A16", "16 heads tie with 8", "tie", "tie"),
+    _c("B", "B16", "reducing d_k to 16 hurts (§6.2)", "worse", "worse"),
+    _c("C", "C2", "2 layers are worse than 6", "worse", "worse"),
+    _c("C", "C8", "8 layers tie with 6 (the paper: PPL -0.04, BLEU -0.3)", "tie", "tie"),
+    _c("C", "C256", "d_model 256 is worse", "worse", "worse"),
+    _c("C", "C1024", "d_model 1024 is better in PPL, ties in BLEU", "better", "tie"),
+    _c("C", "Cff4096", "d_ff 4096 beats d_ff 1024", "better", "better", ref="Cff1024"),
+    _c("D", "D0.0", "no dropout is worse (§6.2)", "worse", "worse"),
+    _c("D", "D0.2", "dropout 0.2 ties with 0.1", "tie", "tie"),
+    _c("D", "Dls0.0", "no label smoothing: lower PPL, lower BLEU (§5.4)", "better", "worse"),
+    _c("D", "Dls0.2", "label smoothing 0.2: higher PPL, BLEU ties", "worse", "tie"),
+    _c("E", "E", "learned positions tie with sinusoids (§3.5)", "tie", "tie"),
+    _c("big", "big", "big (3x steps) is better", "better", "better"),
+)
+
+
+def section_of(row: str) -> str:
+    """The paper's section of a Table 3 row name (base -> "base")."""
+    if row in ("base", "big"):
+        return row
+    return "C" if row.startswith("Cff") else row[0]
+
+
+def difference(metric: str, row_value: float, ref_value: float) -> float:
+    """One paired difference: PPL in % of the reference (100 (row/ref - 1)), BLEU in points."""
+    if metric == "ppl":
+        return 100.0 * (row_value / ref_value - 1.0)
+    return row_value - ref_value
+
+
+def direction(metric: str, diff: float) -> str:
+    """ "better" or "worse" for the row: lower PPL and higher BLEU are better."""
+    better = diff < 0 if metric == "ppl" else diff > 0
+    return "better" if better else "worse"
+
+
+def paper_expectation(metric: str, row_value: float, ref_value: float) -> str | None:
+    """The class of one of the paper's gaps: "better", "worse", "tie" or None (between bands)."""
+    gap = difference(metric, row_value, ref_value)
+    # round away float noise: the paper's numbers have 2 (PPL) or 1 (BLEU) decimals
+    size = round(abs(gap), 6)
+    if size <= PAPER_TIE[metric]:
+        return "tie"
+    if size >= PAPER_STRICT[metric]:
+        return direction(metric, gap)
+    return None
+
+
+def mean_sd(values: list[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (n - 1); sd None under two values, both None for none."""
+    n = len(values)
+    if n == 0:
+        return None, None
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def paired(
+    metric: str, row: dict[int, float], ref: dict[int, float]
+) -> tuple[list[int], list[float]]:
+    """Seeds both rows have, and per seed the row's difference from the reference."""
+    seeds = sorted(set(row) & set(ref))
+    return seeds, [difference(metric, row[s], ref[s]) for s in seeds]
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """Our paired differences on one metric of one comparison, and the verdict on them."""
+
+    metric: str
+    expect: str | None
+    seeds: tuple[int, ...]
+    mean: float | None
+    sd: float | None
+    se: float | None
+    real: bool
+    verdict: str
+
+
+def judge(metric: str, expect: str | None, diffs: list[float], seeds=()) -> Judgement:
+    """The verdict rule on the paired differences `diffs` (units of difference()).
+
+    n = len(diffs), m their mean, se = sd / sqrt(n). The difference is real when n >= 2,
+    |m| > SE_MULTIPLE * se and |m| > MIN_EFFECT[metric].
+      strict ("better"/"worse"): real in the paper's direction -> reproduced; real the other
+          way -> reversed; not real -> inconclusive (within noise).
+      tie: |m| + SE_MULTIPLE * se <= MIN_EFFECT -> tie as in the paper (the whole noise band
+          inside the smallest effect we call real); real -> not a tie; else inconclusive.
+      One seed gives no noise estimate: inconclusive. No common seed: not run.
+    """
+    seeds = tuple(seeds)
+    if not diffs:
+        return Judgement(metric, expect, seeds, None, None, None, False, NOT_RUN)
+    m, sd = mean_sd(diffs)
+    se = None if sd is None else sd / math.sqrt(len(diffs))
+    floor = MIN_EFFECT[metric]
+    real = se is not None and abs(m) > SE_MULTIPLE * se and abs(m) > floor
+    if expect is None:
+        verdict = NOT_JUDGED
+    elif se is None:
+        verdict = INCONCLUSIVE
+    elif expect == "tie":
+        if real:
+            verdict = NOT_A_TIE
+        elif abs(m) + SE_MULTIPLE * se <= floor:
+            verdict = TIED
+        else:
+            verdict = INCONCLUSIVE
+    elif real:
+        verdict = REPRODUCED if direction(metric, m) == expect else REVERSED
+    else:
+        verdict = INCONCLUSIVE
+    return Judgement(metric, expect, seeds, m, sd, se, real, verdict)
+
+
+def by_row_seed(results: list[dict], metric: str) -> dict[str, dict[int, float]]:
+    """{row: {seed: value}} from per-(row, seed) result dicts ("row", "seed", metric)."""
+    out: dict[str, dict[int, float]] = {}
+    for r in results:
+        out.setdefault(r["row"], {})[int(r.get("seed", 0))] = float(r[metric])
+    return out
+
+
+def judge_protocol(results: list[dict], protocol=PROTOCOL) -> list[dict[str, Judgement]]:
+    """For each comparison of the protocol, {metric: Judgement} over the seeds both rows have."""
+    tables = {metric: by_row_seed(results, metric) for metric in METRICS}
+    out = []
+    for c in protocol:
+        judged = {}
+        for metric in METRICS:
+            seeds, diffs = paired(
+                metric, tables[metric].get(c.row, {}), tables[metric].get(c.ref, {})
+            )
+            judged[metric] = judge(metric, c.expect[metric], diffs, seeds)
+        out.append(judged)
+    return out
+
+
+def summary_line(judgements: list[dict[str, Judgement]], metric: str = PRIMARY) -> str:
+    """`N of 14 comparisons reproduced or tied as in the paper` and the count of each verdict."""
+    verdicts = [j[metric].verdict for j in judgements if j[metric].expect is not None]
+    held = sum(v in AGREES for v in verdicts)
+    order = (REPRODUCED, TIED, REVERSED, NOT_A_TIE, INCONCLUSIVE, NOT_RUN)
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in order if verdicts.count(v))
+    return f"{held} of {len(verdicts)} comparisons reproduced or tied as in the paper" + (
+        f" ({counts})" if counts else ""
+    )
+
+
+# ---- the budget: where base's dev loss stops improving ----
+
+
+def read_metrics(path: str) -> list[dict]:
+    """The records of a run's metrics.jsonl (`path` may be the run's workdir)."""
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def dev_curve(records: list[dict]) -> list[tuple[int, float]]:
+    """(step, dev NLL) of the eval records, by step; NLL = log PPL, else the logged loss.
+
+    A resumed run can log a step twice; the later record wins.
+    """
+    curve = {}
+    for r in records:
+        if r.get("kind") != "eval":
+            continue
+        if "nll" in r:
+            value = r["nll"]
+        elif "ppl" in r:
+            value = math.log(r["ppl"])
+        else:
+            value = r["loss"]
+        curve[int(r["step"])] = float(value)
+    return sorted(curve.items())
+
+
+def plateau_step(
+    curve: list[tuple[int, float]], threshold: float = 0.01, min_after: int = 2
+) -> int | None:
+    """The first eval step after which dev loss never improves by more than `threshold`.
+
+    That is the first step s with loss(s) - min(loss after s) <= threshold, confirmed by at
+    least `min_after` later evals; None when no step qualifies (still improving, or too few
+    evals to tell). The default 0.01 nats is ~1% of PPL, the paper's tie band.
+    """
+    for i, (step, value) in enumerate(curve):
+        later = [v for _, v in curve[i + 1 :]]
+        if len(later) < min_after:
+            return None
+        if value - min(later) <= threshold:
+            return step
+    return None
