@@ -44,5 +44,10 @@ def default_data_config() -> ml_collections.ConfigDict:
     # Row length of the side with more tokens when packing; the other side's row length is
     # scaled by the training split's token ratio (both >= the longest kept sequence).
     cfg.packed_length = 256
-    cfg.num_workers = 2  # threads for sentencepiece encoding
+    # Sentencepiece threads, and the processes that tokenize the training split into the cache.
+    cfg.num_workers = 2
+    # The training split tokenized once into memory-mapped .npy files (data/token_cache.py),
+    # reused by later runs, resumes and hosts. Unset: `tokens/` beside the vocabulary model;
+    # "" turns the cache off (every start tokenizes in memory). Hosts must share this folder.
+    cfg.token_cache_dir = config_dict.placeholder(str)
     return cfg

@@ -113,6 +113,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.paths.typed.data_dir = config_dict.placeholder(str)
     cfg.paths.typed.data_vocab_path = config_dict.placeholder(str)
     cfg.paths.typed.data_tfds_data_dir = config_dict.placeholder(str)
+    cfg.paths.typed.data_token_cache_dir = config_dict.placeholder(str)
     return cfg
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 # Config keys that hold a local path or a URL. `paths.typed.<key with _ for .>` records the text
 # the user gave, `paths.cwd` the directory it was resolved against.
-CONFIG_PATH_KEYS = ("data.dir", "data.vocab_path", "data.tfds_data_dir")
+CONFIG_PATH_KEYS = ("data.dir", "data.vocab_path", "data.tfds_data_dir", "data.token_cache_dir")
 
 
 def is_url(path: str) -> bool:

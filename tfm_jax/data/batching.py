@@ -1,9 +1,10 @@
 """§5.1 token-budget batching: plans materialized as host-sharded, resumable train/eval batches.
 
-A split is tokenized once into flat int32 arrays (tokenized.py). Each epoch's batches are a *plan*
-(lists of pair indices per row, plans.py) computed deterministically from (seed, epoch), so an
-iterator's position is just (epoch, step) and resuming replays exactly the batches an
-uninterrupted run would see. Every process computes the same global plan and materializes only
+A split is tokenized once into flat int32 arrays (tokenized.py); the training split through the
+token cache (token_cache.py), memory-mapped by later starts and hosts. Each epoch's batches
+are a *plan* (lists of pair indices per row, plans.py) computed deterministically from (seed,
+epoch), so an iterator's position is just (epoch, step) and resuming replays exactly the batches
+an uninterrupted run would see. Every process computes the same global plan and materializes only
 its own rows.
 """
 
@@ -17,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from tfm_jax.data.plans import Plan, bucket_plan, make_buckets, pack_plan, packed_shape
+from tfm_jax.data.token_cache import cached_tokenize_split
 from tfm_jax.data.tokenized import TokenizedSplit, tokenize_split
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.vocab_ids import PAD_ID
@@ -86,7 +88,9 @@ class TrainIterator:
         self.packing = bool(cfg.packing)
         self.process_index, self.process_count = process_index, process_count
         _local_rows([], process_index, process_count)  # validates the index
-        self.split = tokenize_split(cfg, tokenizer, cfg.train_split, cfg.overlong)
+        self.split = cached_tokenize_split(
+            cfg, tokenizer, cfg.train_split, cfg.overlong, process_index=process_index
+        )
         unit = batch_multiple * process_count
         if self.packing:
             self.packed = packed_shape(self.split, cfg, unit)
@@ -200,7 +204,8 @@ def make_eval_batches(
     """Every pair of `split` exactly once (in load_split_texts order within each bucket).
 
     Never drops: pairs over data.max_len are truncated (counted in the log). All-PAD filler rows
-    keep the bucket shapes fixed; they carry no target tokens.
+    keep the bucket shapes fixed; they carry no target tokens. Evaluation splits are small
+    (thousands of pairs): tokenized in memory at each start, not through the token cache.
     """
     data = tokenize_split(cfg, tokenizer, split, "truncate")
     buckets, which = make_buckets(data, cfg, batch_multiple * process_count, tight=True)

@@ -108,6 +108,32 @@ def load_split_texts(cfg: ml_collections.ConfigDict, split: str) -> tuple[list[s
     return src, tgt
 
 
+def source_identity(cfg: ml_collections.ConfigDict, split: str) -> tuple[dict, list]:
+    """(where a split's pairs come from, the state of those files), without reading them.
+
+    A cache of anything derived from the split is keyed by the first and is stale when the
+    second changes: a folder's two files' sizes and mtimes, or a tfds entry's prepared version
+    directory (None while it is not prepared). Nothing is downloaded or opened here.
+    """
+    langs = [cfg.source_lang, cfg.target_lang]
+    if cfg.source == "folder":
+        where = os.path.abspath(cfg.dir)
+        state = []
+        for lang in langs:
+            name = f"{split}.{lang}"
+            try:
+                st = os.stat(os.path.join(where, name))
+                state.append([name, st.st_size, st.st_mtime_ns])
+            except OSError:
+                state.append([name, -1, -1])
+        return {"folder": where, "split": split, "langs": langs}, state
+    if cfg.source == "tfds":
+        data_dir = _tfds_data_dir(cfg)
+        where = {"tfds": cfg.tfds_name, "data_dir": data_dir, "split": split, "langs": langs}
+        return where, [_prepared_dir(data_dir, cfg.tfds_name)]
+    return {"source": cfg.source, "split": split, "langs": langs}, []  # open_split says why not
+
+
 # ----------------------------------------------------------------------------- folders
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+from collections.abc import Iterable, Sequence
 
 import ml_collections
 import numpy as np
@@ -43,33 +45,65 @@ class TokenizedSplit:
         return self.tgt_ids[self.tgt_offsets[i] : self.tgt_offsets[i + 1]]
 
 
-def tokenize_split(
-    cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str, overlong: str
-) -> TokenizedSplit:
-    """Encodes a split, appends EOS, and drops or truncates pairs over cfg.max_len per side."""
+@dataclasses.dataclass(frozen=True)
+class EncodedChunk:
+    """A chunk of a split's pairs, encoded: the kept pairs' flat ids (EOS appended), lengths."""
+
+    src_ids: np.ndarray  # int32
+    src_lens: np.ndarray  # int64 [kept pairs], EOS included
+    tgt_ids: np.ndarray
+    tgt_lens: np.ndarray
+    index: np.ndarray  # int64 [kept pairs]: position of each kept pair within the chunk
+    num_pairs: int  # pairs read, kept or not
+    num_overlong: int  # pairs over the limit (dropped or truncated)
+
+
+def tokens_kept(cfg: ml_collections.ConfigDict, overlong: str) -> int:
+    """Tokens a side may keep before its EOS (data.max_len - 1), after checking the settings."""
     if overlong not in ("drop", "truncate"):
         raise DataError(f'data.overlong={overlong!r}: expected "drop" or "truncate".')
     if cfg.max_len < 2:
         raise DataError(f"data.max_len={cfg.max_len}: needs room for a token and EOS (>= 2).")
-    keep = cfg.max_len - 1  # room for EOS
-    src_parts, tgt_parts, src_lens, tgt_lens, index = [], [], [], [], []
-    n_seen = n_over = 0
-    for src_text, tgt_text in open_split(cfg, split).iter_chunks(50_000):
-        for s, t in zip(
-            tokenizer.encode_batch(src_text), tokenizer.encode_batch(tgt_text), strict=True
-        ):
-            if len(s) > keep or len(t) > keep:
-                n_over += 1
-                if overlong == "drop":
-                    n_seen += 1
-                    continue
-                s, t = s[:keep], t[:keep]
-            src_parts.append(s)
-            tgt_parts.append(t)
-            src_lens.append(len(s) + 1)
-            tgt_lens.append(len(t) + 1)
-            index.append(n_seen)
-            n_seen += 1
+    return cfg.max_len - 1
+
+
+def _flat(seqs: Sequence[list[int]], index: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    parts = [seqs[i] for i in index.tolist()]
+    lens = np.fromiter(map(len, parts), np.int64, len(parts))
+    if (lens > keep).any():
+        parts, lens = [p[:keep] for p in parts], np.minimum(lens, keep)
+    flat = np.fromiter(itertools.chain.from_iterable(parts), np.int32, int(lens.sum()))
+    ids = np.full(len(flat) + len(parts), EOS_ID, np.int32)
+    # Token j of pair k lands k slots later than in `flat`: one EOS per earlier pair.
+    ids[np.arange(len(flat)) + np.repeat(np.arange(len(parts)), lens)] = flat
+    return ids, lens + 1
+
+
+def encode_chunk(
+    tokenizer: Tokenizer,
+    src_text: Sequence[str],
+    tgt_text: Sequence[str],
+    keep: int,
+    overlong: str,
+) -> EncodedChunk:
+    """Encodes pairs, drops or truncates those with a side over `keep` tokens, appends EOS."""
+    src, tgt = tokenizer.encode_batch(src_text), tokenizer.encode_batch(tgt_text)
+    n = len(src)
+    over = (np.fromiter(map(len, src), np.int64, n) > keep) | (
+        np.fromiter(map(len, tgt), np.int64, n) > keep
+    )
+    index = np.flatnonzero(~over) if overlong == "drop" else np.arange(n, dtype=np.int64)
+    src_ids, src_lens = _flat(src, index, keep)
+    tgt_ids, tgt_lens = _flat(tgt, index, keep)
+    return EncodedChunk(
+        src_ids, src_lens, tgt_ids, tgt_lens, index.astype(np.int64), n, int(over.sum())
+    )
+
+
+def report_overlong(
+    split: str, cfg: ml_collections.ConfigDict, overlong: str, n_over: int, n_seen: int, kept: int
+) -> None:
+    """Logs how many pairs went over data.max_len; raises DataError if none was kept."""
     if n_over:
         log.warning(
             "%s: %s %d of %d pairs longer than data.max_len=%d tokens (incl. EOS)",
@@ -79,20 +113,42 @@ def tokenize_split(
             n_seen,
             cfg.max_len,
         )
-    if not index:
+    if not kept:
         raise DataError(
             f"split {split!r}: no pair fits data.max_len={cfg.max_len}; raise it or set "
             f"data.overlong=truncate."
         )
 
-    def flat(parts, lens):
-        offsets = np.zeros(len(lens) + 1, np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        ids = np.full(offsets[-1], EOS_ID, np.int32)
-        for p, start in zip(parts, offsets[:-1].tolist(), strict=True):
-            ids[start : start + len(p)] = p
-        return ids, offsets
 
-    src_ids, src_off = flat(src_parts, src_lens)
-    tgt_ids, tgt_off = flat(tgt_parts, tgt_lens)
-    return TokenizedSplit(src_ids, src_off, tgt_ids, tgt_off, np.asarray(index, np.int64))
+def offsets_of(lens: Iterable[np.ndarray]) -> np.ndarray:
+    """int64 offsets [n + 1] of sequences with these lengths (chunk by chunk), laid end to end."""
+    lens = np.concatenate([np.zeros(1, np.int64), *lens])
+    return np.cumsum(lens, out=lens)
+
+
+def pair_index_of(chunks: Sequence[EncodedChunk]) -> np.ndarray:
+    """Each kept pair's index in the whole split: its chunk's start plus its place in the chunk."""
+    starts = np.cumsum([0] + [c.num_pairs for c in chunks])[:-1]
+    parts = [c.index + s for c, s in zip(chunks, starts.tolist(), strict=True)]
+    return np.concatenate([np.zeros(0, np.int64), *parts])
+
+
+def tokenize_split(
+    cfg: ml_collections.ConfigDict, tokenizer: Tokenizer, split: str, overlong: str
+) -> TokenizedSplit:
+    """Encodes a split, appends EOS, and drops or truncates pairs over cfg.max_len per side."""
+    keep = tokens_kept(cfg, overlong)
+    chunks = [
+        encode_chunk(tokenizer, src_text, tgt_text, keep, overlong)
+        for src_text, tgt_text in open_split(cfg, split).iter_chunks(50_000)
+    ]
+    index = pair_index_of(chunks)
+    n_over, n_seen = sum(c.num_overlong for c in chunks), sum(c.num_pairs for c in chunks)
+    report_overlong(split, cfg, overlong, n_over, n_seen, len(index))
+    return TokenizedSplit(
+        np.concatenate([c.src_ids for c in chunks]),
+        offsets_of(c.src_lens for c in chunks),
+        np.concatenate([c.tgt_ids for c in chunks]),
+        offsets_of(c.tgt_lens for c in chunks),
+        index,
+    )

@@ -39,6 +39,15 @@ class Tokenizer:
             return cls(f.read(), num_threads)
 
     @property
+    def content_hash(self) -> str:
+        """sha256 of the model proto: what its ids mean, whatever file it came from."""
+        return hashlib.sha256(self.model_proto).hexdigest()
+
+    @property
+    def model_proto(self) -> bytes:
+        return self._sp.serialized_model_proto()
+
+    @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
 

@@ -40,6 +40,7 @@ SAFE_KEYS = (
     "train.average_last",
     "data.num_workers",
     "data.tfds_data_dir",
+    "data.token_cache_dir",
 )
 
 
