@@ -164,3 +164,25 @@ def test_gpu_check_cpu_mode_end_to_end(tmp_path):
         assert text in messages, text
     times = [float(t) for t, _ in stamped]
     assert times == sorted(times)
+
+
+@pytest.mark.multiprocess
+def test_input_scale_bench_cold_warm_and_two_hosts(tmp_path):
+    """bench_input.py --scale (issue 16's WMT-scale benchmark) at a tiny scale: a cold start
+    builds the token cache, the warm start and two hosts read it; each host gets half the rows."""
+    script = os.path.join(REPO, "experiments", "bench_input.py")
+    argv = [sys.executable, script, "--scale=3000", f"--scratch={tmp_path}", "--vocab_size=500",
+            "--tokens_per_batch=2048", "--scale_batches=5"]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["bench"] == "input_scale" and r["pairs"] == 3000
+    for key in ("vocab_s", "cold_build_s", "warm_first_batch_s", "batches_per_s", "peak_rss_bytes"):
+        assert r[key] > 0, (key, r)
+    with open(tmp_path / "tfm_jax_scale_3000" / "train.en", encoding="utf-8") as f:
+        assert sum(1 for _ in f) == 3000
+    caches = list((tmp_path / "tfm_jax_scale_3000_work" / "vocab" / "tokens").iterdir())
+    assert len(caches) == 1, caches  # built once, by the cold start; warm and both hosts read it
+    rows = r["global_batch_shapes"][0][0]
+    assert [h["local_batch_shapes"][0][0] for h in r["two_hosts"]] == [rows // 2, rows // 2]
