@@ -243,3 +243,32 @@ def test_two_process_distributed_matches_one_process(corpus, tmp_path):
             return [r["loss"] for r in map(json.loads, f) if r["kind"] == "train"]
 
     np.testing.assert_allclose(losses(tmp_path / "multi"), losses(tmp_path / "single"), rtol=1e-5)
+
+
+def test_prepare_then_train_does_not_tokenize_the_training_split_again(
+    corpus, tmp_path, monkeypatch, capsys
+):
+    """`prepare` builds the vocabulary and the token cache; `train` in the same workdir maps it."""
+    from tfm_jax.cli.main import main
+    from tfm_jax.data import token_cache
+
+    workdir = tmp_path / "run"
+    args = cli_args(tiny_run_overrides(corpus, **{"train.num_steps": 2}))
+    cwd = os.getcwd()
+    os.chdir(REPO)  # --config=configs/small.py is relative, as users type it
+    try:
+        assert main(["prepare", "--config=configs/small.py", f"--workdir={workdir}", *args]) == 0
+        report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert report["pairs"] > 1000 and report["source_tokens"] > report["pairs"]
+        caches = list((workdir / "vocab" / "tokens").iterdir())
+        assert len(caches) == 1 and (caches[0] / "meta.json").exists(), caches
+
+        def fail(*a, **k):
+            raise AssertionError("train tokenized the training split again")
+
+        monkeypatch.setattr(token_cache, "encode_chunk", fail)
+        monkeypatch.setattr(token_cache, "open_split", fail)
+        assert main(["train", "--config=configs/small.py", f"--workdir={workdir}", *args]) == 0
+    finally:
+        os.chdir(cwd)
+    assert list((workdir / "vocab" / "tokens").iterdir()) == caches  # the same cache, not rebuilt

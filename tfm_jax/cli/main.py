@@ -55,6 +55,34 @@ def cmd_params(args, overrides) -> int:
     return 0
 
 
+def cmd_prepare(args, overrides) -> int:
+    """Trains (or loads) the run's vocabulary and tokenizes the training split into the token
+    cache, as `train` would at its start, so that training on many hosts starts at once."""
+    import time
+
+    from tfm_jax import data
+    from tfm_jax.data.token_cache import cached_tokenize_split
+
+    cfg = build_config(args.config, overrides)
+    paths.resolve_config_paths(cfg, workdir=args.workdir_typed)
+    start = time.perf_counter()
+    tokenizer = data.get_tokenizer(cfg.data, args.workdir)
+    vocab_s = time.perf_counter() - start
+    split = cached_tokenize_split(cfg.data, tokenizer, cfg.data.train_split, cfg.data.overlong)
+    report = {
+        "workdir": args.workdir,
+        "vocab": getattr(tokenizer, "path", None),
+        "split": cfg.data.train_split,
+        "pairs": len(split),
+        "source_tokens": int(split.src_offsets[-1]),
+        "target_tokens": int(split.tgt_offsets[-1]),
+        "vocab_s": round(vocab_s, 2),
+        "tokens_s": round(time.perf_counter() - start - vocab_s, 2),
+    }
+    print(json.dumps(report))
+    return 0
+
+
 def cmd_train(args, overrides) -> int:
     """Trains (or resumes from the newest checkpoint in --workdir) to train.num_steps."""
     from tfm_jax.train import loop, sharding
@@ -127,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--num_processes", type=int, default=None)
         p.add_argument("--process_id", type=int, default=None)
         p.set_defaults(fn=cmd_train)
+
+        p = sub.add_parser("prepare", help="vocabulary and token cache of the training split")
+        p.add_argument("--config", required=True)
+        p.add_argument("--workdir", required=True)
+        p.set_defaults(fn=cmd_prepare)
 
         p = sub.add_parser("average", help="average the last N checkpoints (§6.1)")
         p.add_argument("--workdir", required=True)
