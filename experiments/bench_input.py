@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -114,10 +115,8 @@ def scale_child(args) -> dict:
 def bench_scale(args) -> dict:
     folder = make_scale_folder(args.scale, args.scratch)
     workdir = os.path.join(args.scratch, f"tfm_jax_scale_{args.scale}_work")
-    for sub in ("vocab",):  # a cold start: no vocabulary, no token cache
-        path = os.path.join(workdir, sub)
-        if os.path.exists(path):
-            __import__("shutil").rmtree(path)
+    # A cold start: no vocabulary, and so no token cache (it lives in vocab/tokens/).
+    shutil.rmtree(os.path.join(workdir, "vocab"), ignore_errors=True)
 
     def child(process_index=0, process_count=1):
         argv = [sys.executable, os.path.abspath(__file__), "--_child", f"--dir={folder}",

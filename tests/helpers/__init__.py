@@ -4,6 +4,7 @@ on one CPU core. Runs on a tiny corpus are in helpers/runs.py."""
 import os
 
 from tfm_jax.config.build import apply_overrides
+from tfm_jax.config.data import default_data_config
 from tfm_jax.config.defaults import default_config
 from tfm_jax.config.validate import validate
 
@@ -30,4 +31,18 @@ def tiny_config(**overrides):
     tiny.update(overrides)
     apply_overrides(cfg, tiny)
     validate(cfg)
+    return cfg
+
+
+def data_config(folder, **overrides):
+    """The `data` config section over a corpus folder, sized for tests: a 600-piece vocabulary,
+    1,024-token batches, sequences up to 64 tokens, one sentencepiece thread."""
+    cfg = default_data_config()
+    cfg.dir = str(folder)
+    cfg.vocab_size = 600
+    cfg.tokens_per_batch = 1024
+    cfg.max_len = 64
+    cfg.packed_length = 128
+    cfg.num_workers = 1
+    cfg.update(overrides)
     return cfg

@@ -9,16 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from helpers import SHARED_DATA
+from helpers import data_config
+from helpers.runs import MULTI30K
 
 from tfm_jax import data
 from tfm_jax.data import DataError, sources, tokenizer
 from tfm_jax.data.tokenized import tokenize_split
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
-MULTI30K = os.path.join(SHARED_DATA, "multi30k")
-if not os.path.isdir(MULTI30K):
-    MULTI30K = "/work/shared/data/multi30k"
 
 
 def _write(folder, split, lang, lines, newline="\n"):
@@ -27,16 +24,7 @@ def _write(folder, split, lang, lines, newline="\n"):
         f.write("".join(line + newline for line in lines))
 
 
-def _cfg(folder, **overrides):
-    cfg = data.default_data_config()
-    cfg.dir = str(folder)
-    cfg.vocab_size = 600
-    cfg.tokens_per_batch = 1024
-    cfg.max_len = 64
-    cfg.packed_length = 128
-    cfg.num_workers = 1
-    cfg.update(overrides)
-    return cfg
+_cfg = data_config
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import data_config
 from helpers.runs import write_tiny_corpus
 
 from tfm_jax import data
@@ -20,15 +21,9 @@ ARRAYS = token_cache.ARRAYS
 
 
 def _cfg(folder, **overrides):
-    cfg = data.default_data_config()
-    cfg.dir = str(folder)
-    cfg.vocab_size = 300
-    cfg.tokens_per_batch = 1024
-    cfg.max_len = 32
-    cfg.packed_length = 64
-    cfg.num_workers = 1
-    cfg.update(overrides)
-    return cfg
+    return data_config(
+        folder, **{"vocab_size": 300, "max_len": 32, "packed_length": 64, **overrides}
+    )
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
 """The `translate`, `evaluate` and `attention` commands: argument parsing, one-line user errors
-and the calls into inference.py (and attention_plot.py), which know nothing of the CLI."""
+and the calls into decode/, eval/ and viz/attention.py, which know nothing of the CLI."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -13,17 +12,14 @@ from typing import Any
 import ml_collections
 
 from tfm_jax import platform
-from tfm_jax.checkpoint import errors as ckpt_errors
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.cli import errors
 from tfm_jax.cli.log_setup import setup_logging
-from tfm_jax.config import paths
-from tfm_jax.config.build import build_config, split_overrides
+from tfm_jax.config.build import build_config
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode.load import (
     InferenceError,
     check_workdir,
-    checkpoint_names,
     default_checkpoint,
     load_for_inference,
 )
@@ -38,7 +34,7 @@ def _cli(fn):
     """Prints a user error as one line on stderr (exit 1; config errors 2) instead of a trace.
 
     Also sets up logging as cli/main.py's main does (idempotent), so the commands log the same
-    however they are reached (`python -m tfm_jax`, this module's main, or a test)."""
+    however they are reached (`python -m tfm_jax`, or a test that calls them directly)."""
 
     @functools.wraps(fn)
     def wrapper(args, overrides: dict[str, str]) -> int:
@@ -61,11 +57,9 @@ def _cli(fn):
 def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any, Tokenizer, str]:
     check_workdir(args.workdir)
     which = args.checkpoint or default_checkpoint(args.workdir)
-    try:
-        saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
-        cfg = build_config(args.config, dict(overrides), saved)
-    except ckpt_errors.CheckpointNotFoundError as e:
-        raise InferenceError(f"{e} ({checkpoint_names(args.workdir)})") from None
+    # A missing checkpoint is a CheckpointNotFoundError listing what the workdir holds.
+    saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
+    cfg = build_config(args.config, dict(overrides), saved)
     platform.init_runtime(cfg)  # the run's platform settings
     model, params, tokenizer = load_for_inference(args.workdir, which, cfg)
     return cfg, model, params, tokenizer, which
@@ -193,18 +187,3 @@ def add_commands(subparsers) -> None:
     p.add_argument("--heads", default="all", help='head indices ("0,1") or "all"')
     p.add_argument("--out", default=None, help="default <workdir>/attention")
     p.set_defaults(fn=cmd_attention)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (the package CLI registers the same commands via add_commands)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    argv, overrides = split_overrides(argv)
-    parser = argparse.ArgumentParser(prog="python -m tfm_jax.cli.inference")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    paths.resolve_args(args)
-    return args.fn(args, overrides)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -49,8 +49,8 @@ from tfm_jax.data.tokenized import (
     TokenizedSplit,
     encode_chunk,
     offsets_of,
-    pair_index_of,
     report_overlong,
+    summarize_chunks,
     tokenize_split,
     tokens_kept,
 )
@@ -315,9 +315,7 @@ def build_cache(
     start = time.perf_counter()
     try:
         chunks = encode_split(cfg, tokenizer, split, overlong, num_workers)
-        index = pair_index_of(chunks)
-        n_over, n_seen = sum(c.num_overlong for c in chunks), sum(c.num_pairs for c in chunks)
-        report_overlong(split, cfg, overlong, n_over, n_seen, len(index))
+        index, n_over, n_seen = summarize_chunks(split, cfg, overlong, chunks)
         if cfg.source == "tfds":  # prepared just now if it was not before
             key = dict(key, source_state=source_identity(cfg, split)[1])
         counts = {"num_pairs": len(index), "num_seen": n_seen, "num_overlong": n_over}

@@ -120,6 +120,17 @@ def report_overlong(
         )
 
 
+def summarize_chunks(
+    split: str, cfg: ml_collections.ConfigDict, overlong: str, chunks: Sequence[EncodedChunk]
+) -> tuple[np.ndarray, int, int]:
+    """(pair_index, pairs over the limit, pairs read) of a split's chunks, reported as
+    `report_overlong` does (raises DataError if no pair was kept)."""
+    index = pair_index_of(chunks)
+    n_over, n_seen = sum(c.num_overlong for c in chunks), sum(c.num_pairs for c in chunks)
+    report_overlong(split, cfg, overlong, n_over, n_seen, len(index))
+    return index, n_over, n_seen
+
+
 def offsets_of(lens: Iterable[np.ndarray]) -> np.ndarray:
     """int64 offsets [n + 1] of sequences with these lengths (chunk by chunk), laid end to end."""
     lens = np.concatenate([np.zeros(1, np.int64), *lens])
@@ -142,9 +153,7 @@ def tokenize_split(
         encode_chunk(tokenizer, src_text, tgt_text, keep, overlong)
         for src_text, tgt_text in open_split(cfg, split).iter_chunks(50_000)
     ]
-    index = pair_index_of(chunks)
-    n_over, n_seen = sum(c.num_overlong for c in chunks), sum(c.num_pairs for c in chunks)
-    report_overlong(split, cfg, overlong, n_over, n_seen, len(index))
+    index, _, _ = summarize_chunks(split, cfg, overlong, chunks)
     return TokenizedSplit(
         np.concatenate([c.src_ids for c in chunks]),
         offsets_of(c.src_lens for c in chunks),

@@ -26,15 +26,6 @@ class InferenceError(ValueError):
     """A user-fixable problem (missing workdir, checkpoint, vocabulary or input file)."""
 
 
-def checkpoint_names(workdir: str) -> str:
-    avg = os.path.isdir(os.path.join(workdir, ckpt_layout.AVERAGED_DIR))
-    ckpt_dir = os.path.join(workdir, ckpt_layout.CHECKPOINTS_DIR)
-    steps = sorted(
-        int(n) for n in (os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []) if n.isdigit()
-    )
-    return f"averaged checkpoint: {'yes' if avg else 'no'}; steps: {steps or 'none'}"
-
-
 def default_checkpoint(workdir: str) -> str:
     """CLI default: "averaged" (§6.1 averages the last checkpoints) if it exists, else latest."""
     return (
@@ -83,8 +74,8 @@ def load_for_inference(
     trainer = train.make_trainer(cfg)
     try:
         params = ckpt_layout.load_params(workdir, str(which), trainer.abstract_state.params)
-    except ckpt_errors.CheckpointNotFoundError as e:
-        raise InferenceError(f"{e} ({checkpoint_names(workdir)})") from None
+    except ckpt_errors.CheckpointNotFoundError as e:  # it lists the steps the workdir holds
+        raise InferenceError(str(e)) from None
     except ValueError as e:  # a `which` that is neither a name nor a step
         raise InferenceError(f"--checkpoint={which}: {e}") from None
     tokenizer = load_tokenizer(cfg, workdir)

@@ -46,10 +46,6 @@ def make_model(cfg: ml_collections.ConfigDict) -> Transformer:
     return Transformer(**cfg.model)
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    return optim.make_optimizer(**cfg.optim)
-
-
 def _dummy_batch(length: int = 8) -> tuple[jax.Array, jax.Array]:
     return jnp.ones((1, length), jnp.int32), jnp.ones((1, length), jnp.int32)
 
