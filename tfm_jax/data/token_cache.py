@@ -43,6 +43,7 @@ import time
 import ml_collections
 import numpy as np
 
+from tfm_jax.config import paths
 from tfm_jax.data.sources import DataError, open_split, source_identity
 from tfm_jax.data.tokenized import (
     EncodedChunk,
@@ -72,7 +73,7 @@ def cache_root(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> str | No
     if cfg.get("token_cache_dir") == "":
         return None
     if cfg.get("token_cache_dir"):
-        return os.path.abspath(os.path.expanduser(cfg.token_cache_dir))
+        return paths.resolve(cfg.token_cache_dir)
     if tokenizer.path:
         return os.path.join(os.path.dirname(os.path.abspath(tokenizer.path)), "tokens")
     return None
