@@ -92,25 +92,81 @@ def make_buckets(
     return buckets, which
 
 
-# A plan is a list of batches; a batch is (shape id, rows); a row is a list of pair indices
-# (one pair without packing; empty for an all-PAD filler row).
-Plan = list[tuple[int, list[list[int]]]]
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """An epoch's global batches as flat index arrays: ~16 bytes a pair, not Python lists.
+
+    Batch k has shape id `shape_ids[k]` and the global rows `batch_rows[k]:batch_rows[k+1]`; row
+    r lays the pairs `pairs[row_pairs[r]:row_pairs[r+1]]` end to end (one pair without packing,
+    none for an all-PAD filler row). A process reads only its own slice of a batch's rows.
+    """
+
+    shape_ids: np.ndarray  # int32 [batches]
+    batch_rows: np.ndarray  # int64 [batches + 1]
+    row_pairs: np.ndarray  # int64 [rows + 1]
+    pairs: np.ndarray  # int64 [pairs placed]
+
+    def __len__(self) -> int:
+        return len(self.shape_ids)
+
+    def rows(
+        self, k: int, process_index: int = 0, process_count: int = 1
+    ) -> tuple[int, list[np.ndarray]]:
+        """Batch k's shape id and the pair indices of `process_index`'s rows (equal slices)."""
+        if not 0 <= process_index < process_count:
+            raise ValueError(
+                f"process_index={process_index} not in [0, process_count={process_count})."
+            )
+        lo, hi = int(self.batch_rows[k]), int(self.batch_rows[k + 1])
+        local = (hi - lo) // process_count
+        lo += process_index * local
+        bounds = self.row_pairs[lo : lo + local + 1].tolist()
+        return int(self.shape_ids[k]), [
+            self.pairs[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+
+
+def _gather_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
+    total = int(lens.sum())
+    out_starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    return np.repeat(starts - out_starts, lens) + np.arange(total, dtype=np.int64)
+
+
+def _plan(shape_ids: np.ndarray, batch_sizes: np.ndarray, row_lens: np.ndarray, pairs) -> Plan:
+    return Plan(
+        shape_ids=shape_ids.astype(np.int32),
+        batch_rows=np.concatenate([[0], np.cumsum(batch_sizes)]).astype(np.int64),
+        row_pairs=np.concatenate([[0], np.cumsum(row_lens)]).astype(np.int64),
+        pairs=np.asarray(pairs, np.int64),
+    )
 
 
 def bucket_plan(
     buckets: Sequence[Bucket], which: np.ndarray, order: np.ndarray, rng: np.random.Generator | None
 ) -> Plan:
-    """Pairs in `order`, grouped by bucket, cut into batches; batch order shuffled by `rng`."""
-    plan: Plan = []
-    for b, bucket in enumerate(buckets):
-        members = order[which[order] == b].tolist()
-        for start in range(0, len(members), bucket.batch_size):
-            rows = [[i] for i in members[start : start + bucket.batch_size]]
-            rows += [[] for _ in range(bucket.batch_size - len(rows))]  # fixed shape: pad rows
-            plan.append((b, rows))
+    """Pairs in `order`, grouped by bucket, cut into batches; batch order shuffled by `rng`.
+
+    Vectorized over pairs: O(pairs) numpy work, no per-pair Python objects.
+    """
+    sizes = np.array([b.batch_size for b in buckets], np.int64)
+    slots, shape_ids = [], []  # each bucket's rows in order, -1 for a filler row
+    for b, size in enumerate(sizes.tolist()):
+        members = order[which[order] == b]
+        n = -(-len(members) // size)
+        padded = np.full(n * size, -1, np.int64)
+        padded[: len(members)] = members
+        slots.append(padded)
+        shape_ids.append(np.full(n, b, np.int64))
+    slots_flat, shape_flat = np.concatenate(slots), np.concatenate(shape_ids)
+    batch_sizes = sizes[shape_flat]
     if rng is not None:
-        plan = [plan[i] for i in rng.permutation(len(plan))]
-    return plan
+        perm = rng.permutation(len(shape_flat))
+        starts = np.concatenate([[0], np.cumsum(batch_sizes)[:-1]])
+        slots_flat = slots_flat[_gather_ranges(starts[perm], batch_sizes[perm])]
+        shape_flat, batch_sizes = shape_flat[perm], batch_sizes[perm]
+    filled = slots_flat >= 0
+    return _plan(shape_flat, batch_sizes, filled.astype(np.int64), slots_flat[filled])
 
 
 # ----------------------------------------------------------------------------- packing
@@ -142,33 +198,42 @@ _PACK_WINDOW = 8192  # pairs packed together; bounds the first-fit search per pa
 def pack_plan(
     split: TokenizedSplit, shape: PackedShape, order: np.ndarray, rng: np.random.Generator
 ) -> Plan:
-    """First-fit-decreasing packing of pairs (in windows of `order`) into rows, then batches."""
+    """First-fit-decreasing packing of pairs (in windows of `order`) into rows, then batches.
+
+    First fit is sequential within a window (a Python loop over its pairs, each a vectorized
+    search over the window's open rows); every window's rows go straight into flat arrays.
+    """
     src_lens, tgt_lens = split.src_lens, split.tgt_lens
-    rows: list[list[int]] = []
+    row_pairs, row_lens = [], []
     for start in range(0, len(order), _PACK_WINDOW):
         window = order[start : start + _PACK_WINDOW]
         size = src_lens[window] / shape.src_len + tgt_lens[window] / shape.tgt_len
         window = window[np.argsort(-size, kind="stable")]
         free_s = np.empty(len(window), np.int64)
         free_t = np.empty(len(window), np.int64)
-        members: list[list[int]] = []
-        for i in window.tolist():
-            s, t = src_lens[i], tgt_lens[i]
-            n = len(members)
+        row_of = np.empty(len(window), np.int64)  # each pair's row within the window
+        n = 0
+        lens = zip(src_lens[window].tolist(), tgt_lens[window].tolist(), strict=True)
+        for j, (s, t) in enumerate(lens):
             fits = np.flatnonzero((free_s[:n] >= s) & (free_t[:n] >= t))
             if len(fits):
                 r = fits[0]
-                members[r].append(i)
             else:
-                r = n
-                members.append([i])
+                r, n = n, n + 1
                 free_s[r], free_t[r] = shape.src_len, shape.tgt_len
             free_s[r] -= s
             free_t[r] -= t
-        rows += members
-    rows = [rows[i] for i in rng.permutation(len(rows))]
-    plan: Plan = []
-    for start in range(0, len(rows), shape.batch_size):
-        chunk = rows[start : start + shape.batch_size]
-        plan.append((0, chunk + [[] for _ in range(shape.batch_size - len(chunk))]))
-    return plan
+            row_of[j] = r
+        # A row's pairs in the order they were placed: stable sort by row.
+        by_row = np.argsort(row_of, kind="stable")
+        row_pairs.append(window[by_row])
+        row_lens.append(np.bincount(row_of, minlength=n))
+    pairs, lens = np.concatenate(row_pairs), np.concatenate(row_lens)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    perm = rng.permutation(len(lens))
+    pairs, lens = pairs[_gather_ranges(starts[perm], lens[perm])], lens[perm]
+    num_batches = -(-len(lens) // shape.batch_size)
+    lens = np.concatenate([lens, np.zeros(num_batches * shape.batch_size - len(lens), np.int64)])
+    return _plan(
+        np.zeros(num_batches, np.int64), np.full(num_batches, shape.batch_size), lens, pairs
+    )
