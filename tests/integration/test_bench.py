@@ -186,3 +186,11 @@ def test_input_scale_bench_cold_warm_and_two_hosts(tmp_path):
     assert len(caches) == 1, caches  # built once, by the cold start; warm and both hosts read it
     rows = r["global_batch_shapes"][0][0]
     assert [h["local_batch_shapes"][0][0] for h in r["two_hosts"]] == [rows // 2, rows // 2]
+    # --warm_only keeps that cache: the same warm batches, no cold start.
+    proc = subprocess.run(
+        [*argv, "--warm_only"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert w["cold_build_s"] is None and w["global_batch_shapes"] == r["global_batch_shapes"]
+    assert list((tmp_path / "tfm_jax_scale_3000_work" / "vocab" / "tokens").iterdir()) == caches

@@ -269,6 +269,12 @@ def test_prepare_then_train_does_not_tokenize_the_training_split_again(
         monkeypatch.setattr(token_cache, "encode_chunk", fail)
         monkeypatch.setattr(token_cache, "open_split", fail)
         assert main(["train", "--config=configs/small.py", f"--workdir={workdir}", *args]) == 0
+        # A resume (two more steps from the saved checkpoint) maps the same cache too.
+        more = cli_args(tiny_run_overrides(corpus, **{"train.num_steps": 4}))
+        assert main(["train", "--config=configs/small.py", f"--workdir={workdir}", *more]) == 0
     finally:
         os.chdir(cwd)
     assert list((workdir / "vocab" / "tokens").iterdir()) == caches  # the same cache, not rebuilt
+    with open(workdir / "metrics.jsonl") as f:
+        steps = [r["step"] for r in map(json.loads, f) if r["kind"] == "train"]
+    assert steps[-1] == 4, steps
