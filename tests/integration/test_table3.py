@@ -49,7 +49,7 @@ def test_budget_seed_and_vocabulary_per_run():
     assert a["train.seed"] == 1 and b["train.seed"] == 0
     # one vocabulary for every row and seed: the same batches for a given seed
     assert a["data.vocab_path"] == b["data.vocab_path"] == "/r/vocab/spm_8000.model"
-    assert a["train.eval_every_steps"] == 100 and b["train.eval_every_steps"] == 25
+    assert a["train.eval_every_steps"] == 120 and b["train.eval_every_steps"] == 25
     assert h.workdir_of("/r", "A1", 1) == "/r/A1/seed1"
     assert h.parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(SystemExit):

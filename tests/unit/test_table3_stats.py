@@ -204,17 +204,17 @@ def test_report_from_synthetic_results(tmp_path):
         r = dict(r, overrides=h.run_overrides("small", r["row"], r["seed"], root), params=2.4e6)
         r["plateau_step"] = 300 if r["row"] == "base" else None
         results.append(r)
-    written = h.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1000)
+    written = h.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1200)
     md = (tmp_path / "out" / "table3_small.md").read_text()
     assert "**8 of 14 comparisons reproduced or tied as in the paper (6 reproduced," in md
     assert "- Seeds: 0, 1 for every row." in md
-    assert "every row 1,000 steps of equal-token batches (the same token budget); big 3,000" in md
+    assert "every row 1,200 steps of equal-token batches (the same token budget); big 3,600" in md
     # the protocol table: the paper's numbers and what they lead us to expect
     assert "| 1 | A | A1 vs base | one head is worse than 8 (§6.2) | 4.92 -> 5.29 (+7.5%) |" in md
     assert "| 8 | C | Cff4096 vs Cff1024 |" in md
     assert "| 1 | A1 vs base | worse (+7.5%) | +11.0% ± 1.4%, n=2 | reproduced |" in md
     assert "| 14 | big vs base | better (-12.0%) | - | not run |" in md
-    assert "| base | 3 | 128 | 512 | 8 | 16 | 16 | 0.1 | 0.1 | 1000 | 2 | 15.00 ± 7.07 |" in md
+    assert "| base | 3 | 128 | 512 | 8 | 16 | 16 | 0.1 | 0.1 | 1200 | 2 | 15.00 ± 7.07 |" in md
     assert any(p.endswith("table3_small.png") for p in written)
     with open(tmp_path / "out" / "table3_small_seeds.csv") as f:
         assert len(f.readlines()) == 1 + len(results)
