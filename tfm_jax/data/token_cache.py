@@ -14,6 +14,10 @@ reading them, so a start, resume or extra host costs milliseconds and one host's
 the page cache; pair i is two slices located by its offsets, O(1) for any pair order a plan asks
 for; the whole-split views planning needs (lengths = np.diff(offsets)) are one vectorized pass;
 and numpy is already a dependency, where array_record would add one and decode a record per pair.
+The maps keep the kernel's default readahead: madvise(MADV_RANDOM) lowered the warm start's RSS
+at 4.5M pairs from 1.58 to 1.20 GB (page cache, which RSS counts), but with the files not yet in
+the page cache it cut the batches/s from 291 to 22, one 4 KiB disk read per pair
+(experiments/results/input_scale.md).
 
 Writes are atomic: a build goes into `<name>.tmp-<host>-<pid>/` beside its final place, is
 fsynced, then renamed; readers only open a directory whose meta.json matches, so a killed build
@@ -32,7 +36,6 @@ import hashlib
 import json
 import logging
 import math
-import mmap
 import multiprocessing
 import os
 import re
@@ -111,19 +114,6 @@ def _differs(saved: dict, key: dict) -> str:
     return f"meta.json differs in {', '.join(fields)}"
 
 
-def _open_array(path: str, name: str) -> np.ndarray:
-    """A read-only memory map of one .npy; the token ids are advised MADV_RANDOM.
-
-    Plans read pairs in shuffled order, a few dozen bytes each: the kernel's default readahead
-    would page in ~128 KiB around every one, and that page cache counts in the process's RSS.
-    """
-    arr = np.load(path, mmap_mode="r")
-    raw = getattr(arr, "_mmap", None)  # numpy.memmap's mmap.mmap (no public accessor)
-    if name.endswith("_ids") and raw is not None and hasattr(mmap, "MADV_RANDOM"):
-        raw.madvise(mmap.MADV_RANDOM)
-    return arr
-
-
 def read_cache(path: str, key: dict) -> tuple[TokenizedSplit | None, dict | None, str]:
     """(split as memmaps, meta, "") if `path` holds a complete cache for `key`, else
     (None, None, why not)."""
@@ -136,7 +126,7 @@ def read_cache(path: str, key: dict) -> tuple[TokenizedSplit | None, dict | None
             meta = json.load(f)
         if meta.get("key") != key:
             return None, None, _differs(meta.get("key") or {}, key)
-        arrays = {a: _open_array(os.path.join(path, f"{a}.npy"), a) for a in ARRAYS}
+        arrays = {a: np.load(os.path.join(path, f"{a}.npy"), mmap_mode="r") for a in ARRAYS}
         n = meta["num_pairs"]
         ok = all(
             arrays[a].dtype == _DTYPES.get(a, np.int64) and arrays[a].ndim == 1 for a in ARRAYS
