@@ -12,14 +12,15 @@ per-host slicing and checkpointable iterators, which this module also has in ~25
 it lacks is the batching §5.1 asks for. A batch here is a token budget (~25k tokens a side),
 not a row count: length buckets whose row counts differ per bucket, or rows packed by first
 fit over a window of pairs. grain's `FirstFitPackIterDataset` packs each host's own stream
-in an `IterDataset`: the rows then depend on how the pairs were split between hosts (a change
-of host count changes every batch), and its resume state is the packer's buffer plus the
-upstream position rather than two integers. The plan here is a pure function of (seed, epoch),
-so any host count, resume point or evaluation replays the same global batches, and the set of
-batch shapes is known up front (a handful of XLA compilations). A grain `MapDataset` over
-precomputed plan rows would be this module behind a wrapper; its multiprocessing prefetch is
-not needed while one process reads ~450 batches/s of 25k tokens at WMT scale
-(experiments/results/input_scale.md), far above any device's step rate on the base model.
+in an `IterDataset`: a global batch is then whatever each host's packer held, and its resume
+state is the packer's buffer plus the upstream position rather than two integers. The plan here
+is a pure function of (data, config, rows' rounding unit, seed, epoch), so every host, every
+resume and every rerun agrees on the same global batches (the unit, batch_multiple x
+process_count, rounds each shape's row count), and the set of batch shapes is known up front (a
+handful of XLA compilations). A grain `MapDataset` over precomputed plan rows would be this
+module behind a wrapper; its multiprocessing prefetch is not needed while one process reads
+~300 batches/s of 25k tokens at WMT scale (experiments/results/input_scale.md), far above any
+device's step rate on the base model.
 """
 
 from __future__ import annotations
@@ -46,29 +47,37 @@ Batch = dict[str, np.ndarray]
 
 
 def materialize(
-    split: TokenizedSplit, rows: Sequence[Sequence[int]], src_len: int, tgt_len: int, packed: bool
+    split: TokenizedSplit,
+    counts: np.ndarray,
+    pairs: np.ndarray,
+    src_len: int,
+    tgt_len: int,
+    packed: bool,
 ) -> Batch:
-    """Fills [len(rows), S] / [len(rows), T] arrays; each row's pairs are laid end to end."""
-    b = len(rows)
-    batch = {
-        "inputs": np.full((b, src_len), PAD_ID, np.int32),
-        "targets": np.full((b, tgt_len), PAD_ID, np.int32),
-    }
-    if packed:
-        for side, n in (("inputs", src_len), ("targets", tgt_len)):
-            batch[f"{side}_segmentation"] = np.zeros((b, n), np.int32)
-            batch[f"{side}_position"] = np.zeros((b, n), np.int32)
-    for r, row in enumerate(rows):
-        for side, get in (("inputs", split.src), ("targets", split.tgt)):
-            pos = 0
-            for seg, i in enumerate(row, start=1):
-                ids = get(i)
-                end = pos + len(ids)
-                batch[side][r, pos:end] = ids
-                if packed:
-                    batch[f"{side}_segmentation"][r, pos:end] = seg
-                    batch[f"{side}_position"][r, pos:end] = np.arange(len(ids))
-                pos = end
+    """Fills [rows, S] / [rows, T] arrays: row r lays its counts[r] pairs (the next ones of
+    `pairs`) end to end. Vectorized: one gather and one scatter a side, no loop over pairs."""
+    b = len(counts)
+    row_of = np.repeat(np.arange(b), counts)  # each pair's row
+    first = np.cumsum(counts) - counts  # each row's first pair in `pairs`
+    batch = {}
+    for side, n, ids, offsets in (
+        ("inputs", src_len, split.src_ids, split.src_offsets),
+        ("targets", tgt_len, split.tgt_ids, split.tgt_offsets),
+    ):
+        starts, lens = offsets[pairs], offsets[pairs + 1] - offsets[pairs]
+        before = np.concatenate([[0], np.cumsum(lens)])  # tokens of the batch before pair i
+        in_row = before[:-1] - before[first][row_of]  # each pair's first slot in its row
+        within = np.arange(before[-1]) - np.repeat(before[:-1], lens)  # token j of its pair
+        dest = np.repeat(row_of * n + in_row, lens) + within
+        out = np.full((b, n), PAD_ID, np.int32)
+        out.reshape(-1)[dest] = ids[np.repeat(starts, lens) + within]
+        batch[side] = out
+        if packed:
+            seg = np.zeros((b, n), np.int32)
+            seg.reshape(-1)[dest] = np.repeat(np.arange(len(pairs)) - first[row_of] + 1, lens)
+            pos = np.zeros((b, n), np.int32)
+            pos.reshape(-1)[dest] = within
+            batch[f"{side}_segmentation"], batch[f"{side}_position"] = seg, pos
     return batch
 
 
@@ -144,9 +153,9 @@ class TrainIterator:
 
     def __next__(self) -> Batch:
         plan = self.plan(self.epoch)
-        shape_id, rows = plan.rows(self.step, self.process_index, self.process_count)
+        shape_id, counts, pairs = plan.local(self.step, self.process_index, self.process_count)
         s, t = self.shapes[shape_id]
-        batch = materialize(self.split, rows, s, t, self.packing)
+        batch = materialize(self.split, counts, pairs, s, t, self.packing)
         self.step += 1
         if self.step == len(plan):
             self.epoch, self.step = self.epoch + 1, 0
@@ -218,8 +227,9 @@ def make_eval_batches(
     plan = bucket_plan(buckets, which, np.arange(len(data)), rng=None)
     batches = []
     for k in range(len(plan)):
-        b, rows = plan.rows(k, process_index, process_count)
-        batches.append(materialize(data, rows, buckets[b].src_len, buckets[b].tgt_len, False))
+        b, counts, pairs = plan.local(k, process_index, process_count)
+        bucket = buckets[b]
+        batches.append(materialize(data, counts, pairs, bucket.src_len, bucket.tgt_len, False))
     return batches
 
 

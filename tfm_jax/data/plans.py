@@ -109,10 +109,11 @@ class Plan:
     def __len__(self) -> int:
         return len(self.shape_ids)
 
-    def rows(
+    def local(
         self, k: int, process_index: int = 0, process_count: int = 1
-    ) -> tuple[int, list[np.ndarray]]:
-        """Batch k's shape id and the pair indices of `process_index`'s rows (equal slices)."""
+    ) -> tuple[int, np.ndarray, np.ndarray]:
+        """Batch k's shape id, and `process_index`'s equal slice of its rows: each row's pair
+        count and the rows' pairs end to end."""
         if not 0 <= process_index < process_count:
             raise ValueError(
                 f"process_index={process_index} not in [0, process_count={process_count})."
@@ -120,10 +121,13 @@ class Plan:
         lo, hi = int(self.batch_rows[k]), int(self.batch_rows[k + 1])
         local = (hi - lo) // process_count
         lo += process_index * local
-        bounds = self.row_pairs[lo : lo + local + 1].tolist()
-        return int(self.shape_ids[k]), [
-            self.pairs[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
+        offsets = self.row_pairs[lo : lo + local + 1]
+        return int(self.shape_ids[k]), np.diff(offsets), self.pairs[offsets[0] : offsets[-1]]
+
+    def rows(self, k: int, process_index: int = 0, process_count: int = 1):
+        """`local` as a list of each row's pair indices (for reading a plan, not for speed)."""
+        shape_id, counts, pairs = self.local(k, process_index, process_count)
+        return shape_id, np.split(pairs, np.cumsum(counts)[:-1])
 
 
 def _gather_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
