@@ -19,7 +19,7 @@ resume and every rerun agrees on the same global batches (the unit, batch_multip
 process_count, rounds each shape's row count), and the set of batch shapes is known up front (a
 handful of XLA compilations). A grain `MapDataset` over precomputed plan rows would be this
 module behind a wrapper; its multiprocessing prefetch is not needed while one process reads
-~300 batches/s of 25k tokens at WMT scale (experiments/results/input_scale.md), far above any
+~2,700 batches/s of 25k tokens at WMT scale (experiments/results/input_scale.md), far above any
 device's step rate on the base model.
 """
 
