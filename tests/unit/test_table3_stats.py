@@ -224,3 +224,14 @@ def test_report_from_synthetic_results(tmp_path):
     assert data["A1"]["ppl"]["band"] == pytest.approx(2 * 1.0)  # 2 se, se = sqrt(2)/sqrt(2)
     assert data["A1"]["ppl"]["paper"] == pytest.approx(100 * (5.29 / 4.92 - 1))
     assert data["Dls0.2"]["ppl"]["band"] is None  # one seed: no band
+
+
+def test_primary_metric_is_the_best_checkpoints_dev_ppl(tmp_path):
+    h = load("table3")
+    curve = [(120, math.log(9.0)), (240, math.log(7.0)), (360, math.log(7.5))]
+    r = {"row": "base", "seed": 0, "ppl": 7.5, "bleu": 30.0, "dev_curve": curve}
+    best = h.at_best_checkpoint(r)
+    assert best["ppl"] == pytest.approx(7.0) and best["best_step"] == 240
+    assert best["ppl_latest"] == 7.5 and best["bleu"] == 30.0
+    assert h.at_best_checkpoint(best) == best  # applied once, whatever the caller does
+    assert h.at_best_checkpoint({**r, "dev_curve": []})["ppl"] == 7.5  # no curve: the latest
