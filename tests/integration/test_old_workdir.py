@@ -74,6 +74,9 @@ def test_old_run_resumes_where_it_stopped(old_run):
         f"--config.data.dir={corpus}",
         "--config.train.num_steps=124",
         *GOLDEN["train_args"],
+        # configs/small.py's settings when the run was made (b348338); the file has moved on
+        "--config.model.dropout=0.1",
+        "--config.model.dtype=float32",
     ]
     cwd = os.getcwd()
     os.chdir(REPO)  # configs/ is relative
