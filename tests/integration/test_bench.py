@@ -44,7 +44,11 @@ def run_bench(*args, timeout=120):
 @pytest.mark.multiprocess
 def test_peak_and_train_step_variants():
     out = run_bench(
-        "peak", "train_step", *MICRO, "--variant=f32:", "--variant=bf16:model.dtype=bfloat16"
+        "peak",
+        "train_step",
+        *MICRO,
+        "--variant=f32:model.dtype=float32",
+        "--variant=bf16:model.dtype=bfloat16",
     )
     peak = out[("peak", None)]
     assert peak["f32_flops"] > 0 and peak["bf16_flops"] > 0
