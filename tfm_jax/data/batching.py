@@ -32,7 +32,14 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from tfm_jax.data.plans import Plan, bucket_plan, make_buckets, pack_plan, packed_shape
+from tfm_jax.data.plans import (
+    Plan,
+    bucket_plan,
+    check_process,
+    make_buckets,
+    pack_plan,
+    packed_shape,
+)
 from tfm_jax.data.token_cache import cached_tokenize_split
 from tfm_jax.data.tokenized import TokenizedSplit, tokenize_split
 from tfm_jax.data.tokenizer import Tokenizer
@@ -64,7 +71,8 @@ def materialize(
         ("inputs", src_len, split.src_ids, split.src_offsets),
         ("targets", tgt_len, split.tgt_ids, split.tgt_offsets),
     ):
-        starts, lens = offsets[pairs], offsets[pairs + 1] - offsets[pairs]
+        starts = offsets[pairs]
+        lens = offsets[pairs + 1] - starts
         before = np.concatenate([[0], np.cumsum(lens)])  # tokens of the batch before pair i
         in_row = before[:-1] - before[first][row_of]  # each pair's first slot in its row
         within = np.arange(before[-1]) - np.repeat(before[:-1], lens)  # token j of its pair
@@ -79,13 +87,6 @@ def materialize(
             pos.reshape(-1)[dest] = within
             batch[f"{side}_segmentation"], batch[f"{side}_position"] = seg, pos
     return batch
-
-
-def _check_process(process_index: int, process_count: int) -> None:
-    if not 0 <= process_index < process_count:
-        raise ValueError(
-            f"process_index={process_index} not in [0, process_count={process_count})."
-        )
 
 
 class TrainIterator:
@@ -108,7 +109,7 @@ class TrainIterator:
         self.seed = int(seed)
         self.packing = bool(cfg.packing)
         self.process_index, self.process_count = process_index, process_count
-        _check_process(process_index, process_count)
+        check_process(process_index, process_count)  # before the tokenizing, not at batch 1
         self.split = cached_tokenize_split(
             cfg, tokenizer, cfg.train_split, cfg.overlong, process_index=process_index
         )

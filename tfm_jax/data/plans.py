@@ -114,10 +114,7 @@ class Plan:
     ) -> tuple[int, np.ndarray, np.ndarray]:
         """Batch k's shape id, and `process_index`'s equal slice of its rows: each row's pair
         count and the rows' pairs end to end."""
-        if not 0 <= process_index < process_count:
-            raise ValueError(
-                f"process_index={process_index} not in [0, process_count={process_count})."
-            )
+        check_process(process_index, process_count)
         lo, hi = int(self.batch_rows[k]), int(self.batch_rows[k + 1])
         local = (hi - lo) // process_count
         lo += process_index * local
@@ -130,11 +127,24 @@ class Plan:
         return shape_id, np.split(pairs, np.cumsum(counts)[:-1])
 
 
-def _gather_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n), without a Python loop."""
-    total = int(lens.sum())
-    out_starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-    return np.repeat(starts - out_starts, lens) + np.arange(total, dtype=np.int64)
+def check_process(process_index: int, process_count: int) -> None:
+    if not 0 <= process_index < process_count:
+        raise ValueError(
+            f"process_index={process_index} not in [0, process_count={process_count})."
+        )
+
+
+def _permute_segments(
+    flat: np.ndarray, lens: np.ndarray, perm: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Segments of `flat` (lengths `lens`, end to end) reordered by `perm`, without a Python
+    loop: (the reordered flat array, the reordered lengths)."""
+    lens = np.asarray(lens, np.int64)
+    starts = np.cumsum(lens) - lens
+    new_lens = lens[perm]
+    new_starts = np.cumsum(new_lens) - new_lens
+    index = np.repeat(starts[perm] - new_starts, new_lens) + np.arange(int(new_lens.sum()))
+    return flat[index], new_lens
 
 
 def _plan(shape_ids: np.ndarray, batch_sizes: np.ndarray, row_lens: np.ndarray, pairs) -> Plan:
@@ -166,9 +176,8 @@ def bucket_plan(
     batch_sizes = sizes[shape_flat]
     if rng is not None:
         perm = rng.permutation(len(shape_flat))
-        starts = np.concatenate([[0], np.cumsum(batch_sizes)[:-1]])
-        slots_flat = slots_flat[_gather_ranges(starts[perm], batch_sizes[perm])]
-        shape_flat, batch_sizes = shape_flat[perm], batch_sizes[perm]
+        slots_flat, batch_sizes = _permute_segments(slots_flat, batch_sizes, perm)
+        shape_flat = shape_flat[perm]
     filled = slots_flat >= 0
     return _plan(shape_flat, batch_sizes, filled.astype(np.int64), slots_flat[filled])
 
@@ -233,9 +242,7 @@ def pack_plan(
         row_pairs.append(window[by_row])
         row_lens.append(np.bincount(row_of, minlength=n))
     pairs, lens = np.concatenate(row_pairs), np.concatenate(row_lens)
-    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    perm = rng.permutation(len(lens))
-    pairs, lens = pairs[_gather_ranges(starts[perm], lens[perm])], lens[perm]
+    pairs, lens = _permute_segments(pairs, lens, rng.permutation(len(lens)))
     num_batches = -(-len(lens) // shape.batch_size)
     lens = np.concatenate([lens, np.zeros(num_batches * shape.batch_size - len(lens), np.int64)])
     return _plan(
