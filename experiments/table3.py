@@ -260,16 +260,26 @@ def _check_same_run(workdir: str, recorded: dict, overrides: dict) -> None:
         )
 
 
+def finished_result(preset: str, row: str, seed: int, root: str, **kw) -> dict | None:
+    """A finished (row, seed) run's result.json, checked to be this experiment's; else None."""
+    workdir = workdir_of(root, row, seed)
+    result_path = os.path.join(workdir, "result.json")
+    if not os.path.exists(result_path):
+        return None
+    with open(result_path) as f:
+        result = json.load(f)
+    _check_same_run(workdir, result["overrides"], run_overrides(preset, row, seed, root, **kw))
+    return result
+
+
 def run_one(preset: str, row: str, seed: int, root: str, **kw) -> dict:
     """Trains and evaluates one (row, seed), unless its result.json exists (then reads it)."""
+    done = finished_result(preset, row, seed, root, **kw)
+    if done is not None:
+        return done
     workdir = workdir_of(root, row, seed)
     overrides = run_overrides(preset, row, seed, root, **kw)
     result_path = os.path.join(workdir, "result.json")
-    if os.path.exists(result_path):
-        with open(result_path) as f:
-            result = json.load(f)
-        _check_same_run(workdir, result["overrides"], overrides)
-        return result
     os.makedirs(workdir, exist_ok=True)
     started = os.path.join(workdir, "harness.json")
     if os.path.exists(started):
@@ -671,6 +681,12 @@ def main(argv=None) -> int:
     p.add_argument("--data_dir", default=None, help="small/micro: the parallel-text folder")
     p.add_argument("--print_commands", action="store_true", help="print, don't run")
     p.add_argument(
+        "--report_only",
+        action="store_true",
+        help="write the report from the (row, seed) runs already finished under --root "
+        "and train nothing (e.g. while the sweep runs elsewhere)",
+    )
+    p.add_argument(
         "--find_budget",
         default=None,
         metavar="RUN",
@@ -714,7 +730,12 @@ def main(argv=None) -> int:
     for row in rows:  # row by row: each finished row adds complete comparisons
         for seed in seeds:
             t0 = time.time()
-            r = run_one(args.preset, row, seed, root, **kw)
+            if args.report_only:
+                r = finished_result(args.preset, row, seed, root, **kw)
+                if r is None:
+                    continue
+            else:
+                r = run_one(args.preset, row, seed, root, **kw)
             results.append(r)
             print(
                 f"{row} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "

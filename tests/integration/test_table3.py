@@ -100,6 +100,17 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     assert "comparisons reproduced or tied as in the paper" in md
     assert (out / "table3_micro.png").exists()
 
+    # --report_only writes the table from the finished runs and trains nothing: a row with no
+    # finished run is "not run", and a seed with no result is left out
+    report = tmp_path / "report"
+    assert h.main([*common, "--seeds=0,1,2", "--rows=base,D0.0,A1", f"--out={report}",
+                   "--report_only"]) == 0  # fmt: skip
+    assert not (runs / "A1").exists() and not (runs / "base" / "seed2").exists()
+    with open(report / "table3_micro_seeds.csv") as f:
+        assert [(r["row"], r["seed"]) for r in csv.DictReader(f)] == seeds
+    md = (report / "table3_micro.md").read_text()
+    assert "13 not run" in md and "n=2 |" in md
+
     # another budget in the same root is refused, not mixed in
     with pytest.raises(SystemExit, match="train.num_steps"):
         h.main([*common, "--seeds=0", "--steps=6"])
