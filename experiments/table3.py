@@ -40,18 +40,26 @@ Presets:
          of 8,192 tokens a side, bf16 compute, warmup 100 steps with lr_factor 0.5 (the same
          schedule for every row, so its d_model^-0.5 factor still differs between rows as in
          the paper). The budget and its curve: experiments/results/table3_small_budget.md.
+  gpu    the small preset's runs (same rows, data, budget, schedule) on one GPU, 8 at a
+         time (--parallel) and 3 seeds by default; its own root and report (table3_gpu.*).
   micro  a seconds-long smoke test of the harness itself (CI).
+
+--parallel N runs N (row, seed) runs at once after the first (which builds the shared vocabulary
+and token cache), each its own process; with N > 1 each process may take 0.9/N of a GPU's
+memory. A run's numbers do not depend on what runs beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import csv
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +79,11 @@ TABLE3 = TABLE3_CONFIG.ROWS
 # (experiments/results/table3_small_budget.md); big trains 3x, as in the paper.
 SMALL_BASE_STEPS = 1200
 WIDTH_KEYS = ("model.d_model", "model.d_ff", "model.d_k", "model.d_v")
-DEFAULT_SEEDS = {"paper": "0,1", "small": "0,1", "micro": "0"}
+PRESETS = ("paper", "small", "gpu", "micro")
+DEFAULT_SEEDS = {"paper": "0,1", "small": "0,1", "gpu": "0,1,2", "micro": "0"}
+# Runs at once (--parallel): a small-preset model uses a sliver of one GPU, and what each run
+# costs there is mostly its process start, compilations and beam search, not its steps.
+DEFAULT_PARALLEL = {"paper": 1, "small": 1, "gpu": 8, "micro": 1}
 # Overrides that change how often a run logs, evaluates or saves, not what it learns: a finished
 # or half-finished run may be continued under other values of these.
 CADENCE_KEYS = (
@@ -127,7 +139,7 @@ def preset_overrides(preset: str, row: str, data_dir: str | None, steps: int | N
 def _preset(preset: str, row: str, data_dir: str | None) -> dict:
     if preset == "paper":
         return {**row_model(row)}
-    if preset == "small":
+    if preset in ("small", "gpu"):  # gpu: the small protocol, run --parallel on one GPU
         o = scaled(row, width=0.25, depth=0.5, base_steps=SMALL_BASE_STEPS)
         o.update({
             "data.source": "folder",
@@ -181,7 +193,7 @@ def _preset(preset: str, row: str, data_dir: str | None) -> dict:
             "decode.max_extra_len": 5,
         })  # fmt: skip
         return o
-    raise SystemExit(f"unknown preset {preset!r}: use paper, small or micro")
+    raise SystemExit(f"unknown preset {preset!r}: use {', '.join(PRESETS)}")
 
 
 def run_overrides(
@@ -202,7 +214,7 @@ def run_overrides(
     o["train.seed"] = int(seed)
     if eval_every:
         o["train.eval_every_steps"] = int(eval_every)
-    elif preset == "small":  # ten points of each row's dev curve: did the row plateau?
+    elif preset in ("small", "gpu"):  # ten points of each row's dev curve: did it plateau?
         o["train.eval_every_steps"] = max(1, o["train.num_steps"] // 10)
     return o
 
@@ -215,9 +227,19 @@ def cli_args(overrides: dict) -> list[str]:
     return [f"--config.{k}={v}" for k, v in overrides.items()]
 
 
-def run_cmd(args: list[str], log_path: str) -> str:
+def parallel_env(parallel: int) -> dict:
+    """Environment of each run when `parallel` share one accelerator: JAX would otherwise
+    reserve 75% of a GPU's memory in the first process and leave the others none."""
+    if parallel < 1:
+        raise SystemExit(f"--parallel={parallel}: at least 1")
+    if parallel == 1 or "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ:
+        return {}
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / parallel:.3f}"}
+
+
+def run_cmd(args: list[str], log_path: str, env: dict | None = None) -> str:
     """Runs `python -m tfm_jax ...`, teeing output to a log; returns stdout's last line."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     with open(log_path, "a") as log:
         log.write(f"$ python -m tfm_jax {' '.join(args)}\n")
         log.flush()
@@ -272,7 +294,7 @@ def finished_result(preset: str, row: str, seed: int, root: str, **kw) -> dict |
     return result
 
 
-def run_one(preset: str, row: str, seed: int, root: str, **kw) -> dict:
+def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None, **kw) -> dict:
     """Trains and evaluates one (row, seed), unless its result.json exists (then reads it)."""
     done = finished_result(preset, row, seed, root, **kw)
     if done is not None:
@@ -290,15 +312,16 @@ def run_one(preset: str, row: str, seed: int, root: str, **kw) -> dict:
     log_path = os.path.join(workdir, "log.txt")
     t0 = time.time()
     train_args = ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"]
-    run_cmd(train_args + cli_args(overrides), log_path)
+    run_cmd(train_args + cli_args(overrides), log_path, env)
     train_s = time.time() - t0
     eval_args = ["evaluate", f"--workdir={workdir}", "--split=validation", "--checkpoint=latest"]
-    scores = json.loads(run_cmd(eval_args, log_path))
+    scores = json.loads(run_cmd(eval_args, log_path, env))
     eval_s = time.time() - t0 - train_s
     params = json.loads(
         run_cmd(
             ["params", f"--config=configs/table3.py:{row}", "--json"] + cli_args(overrides),
             log_path,
+            env,
         )
     )["rows"]
     curve = stats.dev_curve(stats.read_metrics(workdir))
@@ -341,6 +364,8 @@ SCALING = {
     "paper": "Scale: the paper's rows as they are (WMT14 EN-DE, newstest2013 dev).",
     "micro": "Scale: a few steps of a tiny model; a smoke test of the harness, not a result.",
 }
+
+SCALING["gpu"] = SCALING["small"] + " Run on one GPU, several runs at once (preset `gpu`)."
 
 COLUMNS = ("N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "steps")
 KEYS = ("model.num_layers", "model.d_model", "model.d_ff", "model.num_heads", "model.d_k",
@@ -653,7 +678,7 @@ def parse_seeds(text: str) -> list[int]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--preset", default="small", choices=("paper", "small", "micro"))
+    p.add_argument("--preset", default="small", choices=PRESETS)
     p.add_argument("--rows", default="all", help="comma-separated Table 3 rows, or 'all'")
     p.add_argument(
         "--seeds",
@@ -679,6 +704,13 @@ def main(argv=None) -> int:
     p.add_argument("--root", default=None, help="default: runs/table3_<preset>")
     p.add_argument("--out", default=os.path.join(REPO, "experiments", "results"))
     p.add_argument("--data_dir", default=None, help="small/micro: the parallel-text folder")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help=f"runs at once, sharing the machine (default {DEFAULT_PARALLEL}); on a GPU each "
+        "gets an equal share of its memory",
+    )
     p.add_argument("--print_commands", action="store_true", help="print, don't run")
     p.add_argument(
         "--report_only",
@@ -725,24 +757,47 @@ def main(argv=None) -> int:
         return 0
     for old in legacy_results(root, rows):
         print(f"not read (the old single-seed layout, its own vocabulary): {old}", flush=True)
-    command = "python experiments/table3.py " + " ".join(argv or sys.argv[1:])
-    results, tables = [], []
-    for row in rows:  # row by row: each finished row adds complete comparisons
-        for seed in seeds:
-            t0 = time.time()
-            if args.report_only:
-                r = finished_result(args.preset, row, seed, root, **kw)
-                if r is None:
-                    continue
-            else:
-                r = run_one(args.preset, row, seed, root, **kw)
-            results.append(r)
-            print(
-                f"{row} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
-                f"params {r['params'] / 1e6:.2f}M ({time.time() - t0:.0f} s)",
-                flush=True,
-            )
+    # the sweep's command: a --report_only report names the command that trains its runs
+    argv_shown = [a for a in (argv or sys.argv[1:]) if a != "--report_only"]
+    command = "python experiments/table3.py " + " ".join(argv_shown)
+    todo = [(row, seed) for row in rows for seed in seeds]  # row by row: base first
+    done: dict[tuple[str, int], dict] = {}
+    tables: list[str] = []
+
+    def one(row: str, seed: int) -> None:
+        nonlocal tables
+        t0 = time.time()
+        if args.report_only:
+            r = finished_result(args.preset, row, seed, root, **kw)
+            if r is None:
+                return
+        else:
+            r = run_one(args.preset, row, seed, root, env=env, **kw)
+        print(
+            f"{row} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
+            f"params {r['params'] / 1e6:.2f}M ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+        with lock:  # each finished run rewrites the report, in (row, seed) order
+            done[row, seed] = r
+            results = [done[k] for k in todo if k in done]
             tables = write_table(args.preset, results, args.out, command, seeds, steps)
+
+    lock = threading.Lock()
+    parallel = args.parallel or DEFAULT_PARALLEL[args.preset]
+    env = parallel_env(parallel)
+    if parallel == 1 or args.report_only:
+        for row, seed in todo:
+            one(row, seed)
+    else:
+        # The first run alone: it trains the shared vocabulary and token cache the others read.
+        one(*todo[0])
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            futures = [pool.submit(one, row, seed) for row, seed in todo[1:]]
+            for f in concurrent.futures.as_completed(futures):
+                if f.exception() is not None:  # the error names the run's log
+                    pool.shutdown(cancel_futures=True)  # the running ones finish, no new ones
+                    raise f.exception()
     print(json.dumps({"tables": tables}))
     return 0
 

@@ -111,6 +111,22 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     md = (report / "table3_micro.md").read_text()
     assert "13 not run" in md and "n=2 |" in md
 
+    # --parallel: after the first run (alone: it trains the vocabulary), runs go side by side in
+    # their own processes, each told its share of an accelerator's memory; the numbers are the
+    # sequential run's
+    assert h.parallel_env(1) == {} and h.parallel_env(4) == {
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.225"
+    }
+    par = tmp_path / "par"
+    assert h.main([*common, "--seeds=0", "--rows=base,D0.0,A1", f"--root={par}",
+                   f"--out={par / 'out'}", "--parallel=2"]) == 0  # fmt: skip
+    for r in ("base", "D0.0"):
+        ours = json.loads((par / r / "seed0" / "result.json").read_text())
+        theirs = json.loads((runs / r / "seed0" / "result.json").read_text())
+        assert ours["dev_curve"] == theirs["dev_curve"] and ours["bleu"] == theirs["bleu"]
+    with open(par / "out" / "table3_micro_seeds.csv") as f:
+        assert [r["row"] for r in csv.DictReader(f)] == ["base", "A1", "D0.0"]  # Table 3 order
+
     # another budget in the same root is refused, not mixed in
     with pytest.raises(SystemExit, match="train.num_steps"):
         h.main([*common, "--seeds=0", "--steps=6"])
