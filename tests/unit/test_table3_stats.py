@@ -1,6 +1,7 @@
-"""Table 3's protocol and statistics (experiments/table3_stats.py) on hand-made numbers: golden
-verdicts, the summary line, the protocol against the paper's own numbers, the plateau of a dev
-curve, and the report written from synthetic results (no training)."""
+"""Table 3's protocol, statistics and report (experiments/table3_stats.py, table3_report.py) on
+hand-made numbers: golden verdicts, the summary line, the protocol against the paper's own
+numbers, the plateau of a dev curve, and the report written from synthetic results (no
+training)."""
 
 import importlib.util
 import json
@@ -28,6 +29,7 @@ def load(name):
 
 
 S = load("table3_stats")
+R = load("table3_report")
 ROWS = load_config_module(os.path.join(REPO, "configs", "table3.py")).ROWS
 
 
@@ -204,7 +206,7 @@ def test_report_from_synthetic_results(tmp_path):
         r = dict(r, overrides=h.run_overrides("small", r["row"], r["seed"], root), params=2.4e6)
         r["plateau_step"] = 300 if r["row"] == "base" else None
         results.append(r)
-    written = h.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1200)
+    written = R.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1200, 3600)
     md = (tmp_path / "out" / "table3_small.md").read_text()
     assert "**8 of 14 comparisons reproduced or tied as in the paper (6 reproduced," in md
     assert "- Seeds: 0, 1 for every row." in md
@@ -218,7 +220,7 @@ def test_report_from_synthetic_results(tmp_path):
     assert any(p.endswith("table3_small.png") for p in written)
     with open(tmp_path / "out" / "table3_small_seeds.csv") as f:
         assert len(f.readlines()) == 1 + len(results)
-    data = {d["row"]: d for d in h.chart_data(results)}
+    data = {d["row"]: d for d in R.chart_data(results)}
     assert "base" not in data and data["A1"]["section"] == "A"
     assert data["A1"]["ppl"]["ours"] == pytest.approx(11.0)
     assert data["A1"]["ppl"]["band"] == pytest.approx(2 * 1.0)  # 2 se, se = sqrt(2)/sqrt(2)
@@ -227,11 +229,10 @@ def test_report_from_synthetic_results(tmp_path):
 
 
 def test_primary_metric_is_the_best_checkpoints_dev_ppl(tmp_path):
-    h = load("table3")
     curve = [(120, math.log(9.0)), (240, math.log(7.0)), (360, math.log(7.5))]
     r = {"row": "base", "seed": 0, "ppl": 7.5, "bleu": 30.0, "dev_curve": curve}
-    best = h.at_best_checkpoint(r)
+    best = R.at_best_checkpoint(r)
     assert best["ppl"] == pytest.approx(7.0) and best["best_step"] == 240
     assert best["ppl_latest"] == 7.5 and best["bleu"] == 30.0
-    assert h.at_best_checkpoint(best) == best  # applied once, whatever the caller does
-    assert h.at_best_checkpoint({**r, "dev_curve": []})["ppl"] == 7.5  # no curve: the latest
+    assert R.at_best_checkpoint(best) == best  # applied once, whatever the caller does
+    assert R.at_best_checkpoint({**r, "dev_curve": []})["ppl"] == 7.5  # no curve: the latest
