@@ -266,3 +266,26 @@ def plateau_step(
         if value - min(later) <= threshold:
             return step
     return None
+
+
+def late_gain(curve: list[tuple[int, float]], fraction: float = 0.2) -> float | None:
+    """How much dev NLL (nats) still fell in the last `fraction` of the run: the loss at the
+    last eval at or before (1 - fraction) of the final step, minus the lowest loss after it.
+    Near 0: the run had converged at its budget; large: it was still learning (a row slower to
+    train than base is then judged early). None without an eval in both parts."""
+    if len(curve) < 2:
+        return None
+    cut = (1.0 - fraction) * curve[-1][0]
+    before = [i for i, (step, _) in enumerate(curve) if step <= cut]
+    if not before or before[-1] == len(curve) - 1:
+        return None
+    i = before[-1]
+    return max(0.0, curve[i][1] - min(v for _, v in curve[i + 1 :]))
+
+
+def end_over_best(curve: list[tuple[int, float]]) -> float | None:
+    """The end-of-budget dev PPL over the best's, in % (> 0: dev loss rose after its best: the
+    run over-fits by the end of its budget). None without a curve."""
+    if not curve:
+        return None
+    return 100.0 * (math.exp(curve[-1][1] - min(v for _, v in curve)) - 1.0)

@@ -185,6 +185,20 @@ def test_plateau_step_on_a_synthetic_curve():
     assert S.plateau_step([]) is None
 
 
+def test_late_gain_and_end_over_best():
+    # evals every 100 to 1,000: the last 20% starts after step 800; the loss there minus the
+    # lowest after it
+    curve = [(100 * i, 4.0 - 0.1 * i) for i in range(1, 11)]  # 3.9 ... 3.0, still falling
+    assert S.late_gain(curve) == pytest.approx(3.2 - 3.0)
+    assert S.late_gain(curve, fraction=0.5) == pytest.approx(3.5 - 3.0)
+    assert S.end_over_best(curve) == pytest.approx(0.0)
+    rising = [(100, 3.0), (200, 2.5), (300, 2.6), (400, 2.8), (500, 3.0)]
+    assert S.late_gain(rising) == 0.0  # 2.8 at 400, then only higher
+    assert S.end_over_best(rising) == pytest.approx(100 * (math.exp(0.5) - 1))
+    assert S.late_gain([(100, 3.0)]) is None and S.end_over_best([]) is None
+    assert S.late_gain([(900, 3.0), (1000, 2.9)]) is None  # no eval before the last 20%
+
+
 def test_dev_curve_reads_metrics_jsonl(tmp_path):
     records = [
         {"step": 50, "kind": "train", "loss": 9.0, "nll": 8.0},
