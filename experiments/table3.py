@@ -281,25 +281,30 @@ def _check_same_run(workdir: str, recorded: dict, overrides: dict) -> None:
         )
 
 
-def finished_result(preset: str, row: str, seed: int, root: str, **kw) -> dict | None:
-    """A finished (row, seed) run's result.json, checked to be this experiment's; else None."""
-    workdir = workdir_of(root, row, seed)
+def _read_result(workdir: str, overrides: dict) -> dict | None:
+    """A workdir's result.json, checked to be this experiment's; None when it is not finished."""
     result_path = os.path.join(workdir, "result.json")
     if not os.path.exists(result_path):
         return None
     with open(result_path) as f:
         result = json.load(f)
-    _check_same_run(workdir, result["overrides"], run_overrides(preset, row, seed, root, **kw))
+    _check_same_run(workdir, result["overrides"], overrides)
     return result
+
+
+def finished_result(preset: str, row: str, seed: int, root: str, **kw) -> dict | None:
+    """A finished (row, seed) run's result, or None (--report_only: nothing is trained)."""
+    overrides = run_overrides(preset, row, seed, root, **kw)
+    return _read_result(workdir_of(root, row, seed), overrides)
 
 
 def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None, **kw) -> dict:
     """Trains and evaluates one (row, seed), unless its result.json exists (then reads it)."""
-    done = finished_result(preset, row, seed, root, **kw)
-    if done is not None:
-        return done
     workdir = workdir_of(root, row, seed)
     overrides = run_overrides(preset, row, seed, root, **kw)
+    done = _read_result(workdir, overrides)
+    if done is not None:
+        return done
     result_path = os.path.join(workdir, "result.json")
     os.makedirs(workdir, exist_ok=True)
     started = os.path.join(workdir, "harness.json")
@@ -464,6 +469,7 @@ def main(argv=None) -> int:
     todo = [(row, seed) for row in rows for seed in seeds]  # row by row: base first
     done: dict[tuple[str, int], dict] = {}
     tables: list[str] = []
+    big_steps = steps * step_multiple("big")
 
     def one(row: str, seed: int) -> None:
         nonlocal tables
@@ -482,11 +488,10 @@ def main(argv=None) -> int:
         with lock:  # each finished run rewrites the report, in (row, seed) order
             done[row, seed] = r
             results = [done[k] for k in todo if k in done]
-            big_steps = steps * step_multiple("big")
             tables = write_table(args.preset, results, args.out, command, seeds, steps, big_steps)
 
     lock = threading.Lock()
-    parallel = args.parallel or DEFAULT_PARALLEL[args.preset]
+    parallel = DEFAULT_PARALLEL[args.preset] if args.parallel is None else args.parallel
     env = parallel_env(parallel)
     if parallel == 1 or args.report_only:
         for row, seed in todo:

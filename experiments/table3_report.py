@@ -110,13 +110,17 @@ def at_best_checkpoint(result: dict) -> dict:
 
 
 def row_summaries(results: list[dict], rows: list[str]) -> list[dict]:
-    """Per row: the runs' seeds, mean and sd of PPL and BLEU, and one run's settings."""
+    """Per row: the runs (by seed), mean and sd of PPL and BLEU, and each run's dev-curve
+    diagnostics (late gain, end over best)."""
     out = []
     for row in rows:
         runs = sorted((r for r in results if r["row"] == row), key=lambda r: r.get("seed", 0))
         if not runs:
             continue
         s = {"row": row, "runs": runs, "seeds": [r.get("seed", 0) for r in runs]}
+        curves = [r.get("dev_curve") or [] for r in runs]  # per run, in the runs' order
+        s["late_gain"] = [stats.late_gain(c) for c in curves]
+        s["end_over_best"] = [stats.end_over_best(c) for c in curves]
         for metric in stats.METRICS:
             s[metric] = stats.mean_sd([r[metric] for r in runs])
         out.append(s)
@@ -155,8 +159,6 @@ def write_table(
         paper, o = TABLE3[s["row"]], s["runs"][0]["overrides"]
         (ppl, ppl_sd), (bleu, bleu_sd) = s["ppl"], s["bleu"]
         plateaus = [r.get("plateau_step") for r in s["runs"]]
-        gains = [stats.late_gain(r.get("dev_curve") or []) for r in s["runs"]]
-        rises = [stats.end_over_best(r.get("dev_curve") or []) for r in s["runs"]]
         settings = [o[k] for k in KEYS]
         paper_params = paper.params_millions if paper.params_millions is not None else ""
         paper_cols = [paper.ppl, paper.bleu, paper_params]
@@ -169,7 +171,7 @@ def write_table(
         md_rows.append([
             s["row"], *settings, len(s["runs"]), _pm(s["ppl"], 2), _pm(s["bleu"], 1),
             " / ".join("-" if p is None else str(p) for p in plateaus),
-            _mean_of(gains, "{:.3f}"), _mean_of(rises, "{:+.1f}%"),
+            _mean_of(s["late_gain"], "{:.3f}"), _mean_of(s["end_over_best"], "{:+.1f}%"),
             f"{s['runs'][0]['params'] / 1e6:.2f}", *paper_cols,
         ])  # fmt: skip
     with open(stem + ".csv", "w", newline="") as f:
@@ -182,13 +184,11 @@ def write_table(
                     "params", "plateau_step", "late_gain_nats", "end_over_best_pct",
                     "train_seconds", "eval_seconds"])  # fmt: skip
         for s in rows:
-            for r in s["runs"]:
-                curve = r.get("dev_curve") or []
+            for r, gain, rise in zip(s["runs"], s["late_gain"], s["end_over_best"], strict=True):
                 w.writerow([r["row"], r.get("seed", 0), r["ppl"], r.get("best_step"),
                             r.get("ppl_latest"), r["bleu"], r.get("bleu_tok_compound"),
-                            r["params"], r.get("plateau_step"), stats.late_gain(curve),
-                            stats.end_over_best(curve), r.get("train_seconds"),
-                            r.get("eval_seconds")])  # fmt: skip
+                            r["params"], r.get("plateau_step"), gain, rise,
+                            r.get("train_seconds"), r.get("eval_seconds")])  # fmt: skip
 
     md_header = ["row", *COLUMNS, "n", "PPL (dev)", "BLEU (dev)", "plateau step",
                  "late gain (nats)", "end vs best PPL", "params (M)", "paper PPL", "paper BLEU",
