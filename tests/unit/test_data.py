@@ -1,19 +1,24 @@
 """Tests for tfm_jax/data: sources, sentencepiece, token-budget batching, resume, sharding."""
 
 import collections
+import io
 import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
+import sentencepiece as spm
 from helpers import data_config
 from helpers.runs import MULTI30K
 
 from tfm_jax import data
 from tfm_jax.data import DataError, sources, tokenizer
+from tfm_jax.data.bpe_dropout import BpeDropout
 from tfm_jax.data.tokenized import tokenize_split
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -116,6 +121,70 @@ def test_round_trip_and_special_ids(small):
     assert tok.decode([BOS_ID] + ids + [EOS_ID] + ids + [PAD_ID]) == "A man rides a bike."
     assert tok.decode_batch(np.array([ids + [EOS_ID, PAD_ID]])) == ["A man rides a bike."]
     assert tok.encode_batch(["A man rides a bike."]) == [ids]
+
+
+def test_bpe_dropout_golden_and_seeded(small):
+    cfg, tok = small
+    src, tgt = data.load_split_texts(cfg, "val")
+    odd = ["Ein  Mann\tmit \u2708\u2708 Hut.", "", "  x ", "\u2708"]  # spaces, tab, unknowns
+    texts = src + tgt + odd
+    bpe = BpeDropout(tok, texts)
+    # p = 0 is sentencepiece's own deterministic segmentation, text for text.
+    assert bpe.sample(0.0, np.random.default_rng(0)) == tok.encode_batch(texts)
+    a = bpe.sample(0.1, np.random.default_rng(5))
+    assert a == bpe.sample(0.1, np.random.default_rng(5))
+    assert a != bpe.sample(0.1, np.random.default_rng(6))
+    # Another segmentation of the same (whitespace-normalized) text.
+    assert tok.decode_batch(a) == tok.decode_batch(tok.encode_batch(texts))
+    plain = sum(map(len, tok.encode_batch(texts)))
+    more = sum(map(len, bpe.sample(0.3, np.random.default_rng(5))))
+    assert 1.1 * plain < sum(map(len, a)) < more
+    # Merges are dropped, never invented: every id is a piece, <unk> only where the
+    # deterministic segmentation has one.
+    assert all(UNK_ID <= i < tok.vocab_size for ids in a for i in ids)
+    assert [UNK_ID in ids for ids in a] == [UNK_ID in ids for ids in tok.encode_batch(texts)]
+
+
+def test_bpe_dropout_refuses_a_unigram_vocabulary(small):
+    cfg, _ = small
+    texts, _ = data.load_split_texts(cfg, "val")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=model,
+        model_type="unigram",
+        vocab_size=600,
+        pad_id=PAD_ID,
+        eos_id=EOS_ID,
+        bos_id=BOS_ID,
+        unk_id=UNK_ID,
+        minloglevel=2,
+    )
+    with pytest.raises(DataError, match="BPE-dropout needs a BPE model"):
+        BpeDropout(tokenizer.Tokenizer(model.getvalue()), texts)
+
+
+def test_bpe_dropout_same_in_a_new_process(small, tmp_path):
+    """The property sentencepiece's own sampling lacks (bpe_dropout.py): a seed gives one
+    segmentation in every process, so resumes and hosts agree."""
+    cfg, tok = small
+    texts, _ = data.load_split_texts(cfg, "val")
+    script = (
+        "import sys, json, numpy as np\n"
+        "from tfm_jax.data.tokenizer import Tokenizer\n"
+        "from tfm_jax.data.bpe_dropout import BpeDropout\n"
+        "texts = json.load(open(sys.argv[2]))\n"
+        "bpe = BpeDropout(Tokenizer.load(sys.argv[1]), texts)\n"
+        "print(json.dumps(bpe.sample(0.1, np.random.default_rng(9))))\n"
+    )
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    out = subprocess.run(
+        [sys.executable, "-c", script, tok.path, str(tmp_path / "texts.json")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(out) == BpeDropout(tok, texts).sample(0.1, np.random.default_rng(9))
 
 
 def test_vocab_cached_and_keyed(small, tmp_path, monkeypatch):
@@ -223,6 +292,40 @@ def test_resume_from_json_state(small, packing):
     assert all(_same(e, next(resumed)) for e in expected)
     with pytest.raises(ValueError, match="seed"):
         data.make_train_iterator(cfg, tok, seed=2).set_state(state)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_bpe_dropout_epochs_cover_every_pair_resegmented(small, packing):
+    cfg, tok = small
+    cfg = _cfg(cfg.dir, packing=packing, max_len=24, overlong="drop", bpe_dropout=0.1)
+    plain = data.make_train_iterator(_cfg(cfg.dir, packing=packing, max_len=24), tok, seed=3)
+    it = data.make_train_iterator(cfg, tok, seed=3)
+    assert it.global_shapes() == plain.global_shapes()  # the shapes stay the deterministic ones
+    src, tgt = data.load_split_texts(cfg, "train")
+    want = collections.Counter(
+        (src[i], tgt[i]) for i in it.split.pair_index.tolist()
+    )  # the pairs the deterministic segmentation keeps (max_len=24 dropped some)
+    epochs = []
+    for _ in range(2):
+        pairs = [p for b in _epoch(it) for p in _pairs_in(b)]
+        texts = collections.Counter((tok.decode(s), tok.decode(t)) for s, t in pairs)
+        assert texts == want  # every kept pair once, re-segmented, none cut
+        assert all(s[-1] == EOS_ID and t[-1] == EOS_ID for s, t in pairs)
+        epochs.append(collections.Counter(pairs))
+    assert sum(len(s) + len(t) for s, t in epochs[0].elements()) > 1.05 * sum(
+        len(s) + len(t) for s, t in _expected_pairs(cfg, tok, "train", "drop")
+    )
+    assert epochs[0] != epochs[1]  # each epoch its own segmentation
+    # Seeded: a second iterator, and one resumed mid-epoch 1, give the same batches.
+    again = data.make_train_iterator(cfg, tok, seed=3)
+    n = again.batches_per_epoch
+    first = [next(again) for _ in range(n + 2)]
+    for _ in range(2):
+        fresh = data.make_train_iterator(cfg, tok, seed=3)
+        assert all(_same(x, next(fresh)) for x in first[:3])
+    resumed = data.make_train_iterator(cfg, tok, seed=3)
+    resumed.set_state({**again.get_state(), "epoch": 1, "step": 0})
+    assert all(_same(x, next(resumed)) for x in first[n : n + 2])
 
 
 def test_process_shards_partition_global_batches(small):

@@ -36,6 +36,11 @@ def default_data_config() -> ml_collections.ConfigDict:
     cfg.tokens_per_batch = 25000
     cfg.max_len = 256  # tokens per side including EOS; the paper does not state a limit
     cfg.overlong = "drop"  # training pairs longer than max_len: "drop" | "truncate"
+    # BPE-dropout (Provilkov et al. 2020; not in the paper): each epoch re-segments the training
+    # split with every BPE merge skipped with this probability (sentencepiece sampling), a
+    # regularizer for small data. 0 = the deterministic segmentation, read from the token cache.
+    # Evaluation and decoding always use the deterministic segmentation.
+    cfg.bpe_dropout = 0.0
     cfg.num_buckets = 8  # distinct padded batch shapes without packing (one XLA compile each)
     cfg.length_multiple = 8  # padded lengths are multiples of this
     # Departure from §5.1 (which batches by approximate length only): pack several pairs into

@@ -89,6 +89,7 @@ RANGES: dict[str, Range] = {
     "data.vocab_character_coverage": Range(lo=0.0, hi=1.0, lo_open=True),
     "data.tokens_per_batch": _POSITIVE,
     "data.max_len": Range(lo=2),
+    "data.bpe_dropout": _PROBABILITY,
     "data.num_buckets": _POSITIVE,
     "data.length_multiple": _POSITIVE,
     "data.packed_length": Range(lo=2),

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
+from tfm_jax.data.bpe_dropout import BpeDropout
 from tfm_jax.data.plans import (
     Plan,
     bucket_plan,
@@ -40,14 +41,17 @@ from tfm_jax.data.plans import (
     pack_plan,
     packed_shape,
 )
+from tfm_jax.data.sources import load_split_texts
 from tfm_jax.data.token_cache import cached_tokenize_split
-from tfm_jax.data.tokenized import TokenizedSplit, tokenize_split
+from tfm_jax.data.tokenized import TokenizedSplit, split_of, tokenize_split, tokens_kept
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.vocab_ids import PAD_ID
 
 log = logging.getLogger(__name__)
 
 Batch = dict[str, np.ndarray]
+
+_SEGMENTATION_STREAM = 1  # BPE-dropout's seed: (seed, epoch, this), apart from the shuffle's
 
 
 # ----------------------------------------------------------------------------- batches
@@ -120,8 +124,17 @@ class TrainIterator:
         else:
             self.buckets, self.which = make_buckets(self.split, cfg, unit)
             self.shapes = [(b.src_len, b.tgt_len) for b in self.buckets]
+        self.bpe_dropout = float(cfg.bpe_dropout)
+        if self.bpe_dropout:
+            # The kept pairs' texts, re-segmented each epoch (_resample); the cached split
+            # still gives the batch shapes and which pairs are kept.
+            src, tgt = load_split_texts(cfg, cfg.train_split)
+            index = self.split.pair_index.tolist()
+            texts = [src[i] for i in index] + [tgt[i] for i in index]
+            self._bpe_dropout = BpeDropout(tokenizer, texts)
+            self._keep = tokens_kept(cfg, "truncate")
         self.epoch, self.step = 0, 0
-        self._plan_epoch, self._plan = -1, None
+        self._plan_epoch, self._plan, self._plan_split = -1, None, self.split
         log.info(
             "train: %d pairs, global batch shapes (rows, S, T) %s",
             len(self.split),
@@ -136,14 +149,61 @@ class TrainIterator:
     def plan(self, epoch: int) -> Plan:
         """Global batches of `epoch`: a pure function of (data, config, seed, epoch)."""
         if epoch != self._plan_epoch:
+            split, which = self.split, None if self.packing else self.which
+            if self.bpe_dropout:
+                split, which = self._resample(epoch)
             rng = np.random.default_rng([self.seed, epoch])  # each epoch reshuffled
-            order = rng.permutation(len(self.split))
+            order = rng.permutation(len(split))
             if self.packing:
-                self._plan = pack_plan(self.split, self.packed, order, rng)
+                self._plan = pack_plan(split, self.packed, order, rng)
             else:
-                self._plan = bucket_plan(self.buckets, self.which, order, rng)
-            self._plan_epoch = epoch
+                self._plan = bucket_plan(self.buckets, which, order, rng)
+            self._plan_epoch, self._plan_split = epoch, split
         return self._plan
+
+    def _resample(self, epoch: int) -> tuple[TokenizedSplit, np.ndarray | None]:
+        """The training pairs BPE-dropout-segmented for `epoch` (a pure function of seed and
+        epoch, so a resumed run sees the same tokens), and without packing each pair's bucket:
+        the smallest whose shape holds it. A pair whose sampled segmentation fits no shape (or
+        goes over data.max_len) keeps its deterministic one, which always fits: no text is cut
+        and the batch shapes stay those of the deterministic segmentation."""
+        start = time.perf_counter()
+        rng = np.random.default_rng([self.seed, epoch, _SEGMENTATION_STREAM])
+        ids = self._bpe_dropout.sample(self.bpe_dropout, rng)
+        n = len(self.split)
+        src, tgt = ids[:n], ids[n:]
+        src_lens = np.fromiter(map(len, src), np.int64, n) + 1  # with EOS
+        tgt_lens = np.fromiter(map(len, tgt), np.int64, n) + 1
+        if self.packing:
+            s_cap, t_cap = np.array([self.packed.src_len]), np.array([self.packed.tgt_len])
+        else:
+            s_cap = np.array([b.src_len for b in self.buckets])
+            t_cap = np.array([b.tgt_len for b in self.buckets])
+        s_cap, t_cap = np.minimum(s_cap, self._keep + 1), np.minimum(t_cap, self._keep + 1)
+        fits = (src_lens[:, None] <= s_cap) & (tgt_lens[:, None] <= t_cap)
+        kept = fits.any(1)
+        for k in np.flatnonzero(~kept).tolist():
+            src[k] = self.split.src(k)[:-1].tolist()  # without its EOS
+            tgt[k] = self.split.tgt(k)[:-1].tolist()
+        split = split_of(src, tgt, self._keep, self.split.pair_index)
+        which = None
+        if not self.packing:
+            which = np.where(kept, fits.argmax(1), self.which)
+        tokens = int(split.src_lens.sum() + split.tgt_lens.sum())
+        plain = int(self.split.src_lens.sum() + self.split.tgt_lens.sum())
+        log.info(
+            "epoch %d: BPE-dropout %g segmentation in %.1f s: %d tokens (%.0f%% of the "
+            "deterministic %d); %d pairs too long for the batch shapes kept their "
+            "deterministic segmentation",
+            epoch,
+            self.bpe_dropout,
+            time.perf_counter() - start,
+            tokens,
+            100 * tokens / plain,
+            plain,
+            n - int(kept.sum()),
+        )
+        return split, which
 
     @property
     def batches_per_epoch(self) -> int:
@@ -156,7 +216,7 @@ class TrainIterator:
         plan = self.plan(self.epoch)
         shape_id, counts, pairs = plan.local(self.step, self.process_index, self.process_count)
         s, t = self.shapes[shape_id]
-        batch = materialize(self.split, counts, pairs, s, t, self.packing)
+        batch = materialize(self._plan_split, counts, pairs, s, t, self.packing)
         self.step += 1
         if self.step == len(plan):
             self.epoch, self.step = self.epoch + 1, 0

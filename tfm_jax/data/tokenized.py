@@ -161,3 +161,16 @@ def tokenize_split(
         offsets_of(c.tgt_lens for c in chunks),
         index,
     )
+
+
+def split_of(
+    src: Sequence[list[int]], tgt: Sequence[list[int]], keep: int, pair_index: np.ndarray
+) -> TokenizedSplit:
+    """A TokenizedSplit of already encoded pairs (no EOS yet), each side cut to `keep` tokens
+    before its EOS, with `pair_index` as the split they re-encode."""
+    every = np.arange(len(src))
+    src_ids, src_lens = _flat(src, every, keep)
+    tgt_ids, tgt_lens = _flat(tgt, every, keep)
+    return TokenizedSplit(
+        src_ids, offsets_of([src_lens]), tgt_ids, offsets_of([tgt_lens]), pair_index
+    )

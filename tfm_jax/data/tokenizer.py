@@ -58,6 +58,21 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._sp.encode(list(texts), num_threads=self._num_threads)
 
+    def encode_pieces_batch(self, texts: Sequence[str]) -> list[list[str]]:
+        """The pieces (strings) of each text's deterministic segmentation."""
+        return self._sp.encode(list(texts), out_type=str, num_threads=self._num_threads)
+
+    def pieces(self) -> tuple[list[str], list[float], list[bool]]:
+        """Every id's piece, score and whether BPE may merge into or out of it (not a control,
+        unknown, unused or byte piece)."""
+        sp, n = self._sp, self._sp.get_piece_size()
+        special = (sp.is_control, sp.is_unknown, sp.is_unused, sp.is_byte)
+        return (
+            [sp.id_to_piece(i) for i in range(n)],
+            [sp.get_score(i) for i in range(n)],
+            [not any(f(i) for f in special) for i in range(n)],
+        )
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text of `ids` up to the first EOS; PAD and BOS are ignored."""
         out = []
