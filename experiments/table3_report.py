@@ -10,6 +10,7 @@ import math
 import os
 
 import table3_stats as stats
+from table3_evidence import evidence_lines, head_width_lines
 
 from tfm_jax.config.build import load_config_module
 
@@ -226,8 +227,8 @@ def write_table(
             cells += [f"{expected} ({_fmt_gap(metric, paper_gap(c, metric))})",
                       _fmt_gap(metric, jm.mean, jm.sd) + n, jm.verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *evidence_lines(judged, results)]
     lines += [
-        "",
         "## Rows",
         "",
         "Plateau step: per seed, the first dev evaluation after which dev NLL never improved by "
@@ -242,6 +243,9 @@ def write_table(
         "|" + "---|" * len(md_header),
         *("| " + " | ".join(str(c) for c in row) + " |" for row in md_rows),
     ]
+    head_widths = head_width_lines(results)
+    if head_widths:
+        lines += ["", *head_widths[:-1]]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     written = [stem + ".md", stem + ".csv", stem + "_seeds.csv"]

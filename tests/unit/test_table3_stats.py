@@ -1,7 +1,7 @@
-"""Table 3's protocol, statistics and report (experiments/table3_stats.py, table3_report.py) on
-hand-made numbers: golden verdicts, the summary line, the protocol against the paper's own
-numbers, the plateau of a dev curve, and the report written from synthetic results (no
-training)."""
+"""Table 3's protocol, statistics, evidence and report (experiments/table3_stats.py,
+table3_evidence.py, table3_report.py) on hand-made numbers: golden verdicts, the summary line,
+the protocol against the paper's own numbers, the plateau of a dev curve, the readings of a
+comparison's dev curves, and the report written from synthetic results (no training)."""
 
 import importlib.util
 import json
@@ -29,6 +29,7 @@ def load(name):
 
 
 S = load("table3_stats")
+E = load("table3_evidence")  # before table3_report, which imports it by name
 R = load("table3_report")
 ROWS = load_config_module(os.path.join(REPO, "configs", "table3.py")).ROWS
 
@@ -250,3 +251,89 @@ def test_primary_metric_is_the_best_checkpoints_dev_ppl(tmp_path):
     assert best["ppl_latest"] == 7.5 and best["bleu"] == 30.0
     assert R.at_best_checkpoint(best) == best  # applied once, whatever the caller does
     assert R.at_best_checkpoint({**r, "dev_curve": []})["ppl"] == 7.5  # no curve: the latest
+
+
+def curve_of(ppls, every=120):
+    return [[every * (i + 1), math.log(p)] for i, p in enumerate(ppls)]
+
+
+def test_curve_gap_and_trajectory_pair_seeds_at_shared_steps():
+    ref = curve_of([10.0, 8.0, 7.0, 6.5])
+    row = curve_of([11.0, 8.0, 6.3])  # a shorter curve: only the steps both have
+    gap = E.curve_gap(row, ref)
+    assert gap == {120: pytest.approx(10.0), 240: pytest.approx(0.0), 360: pytest.approx(-10.0)}
+    # two seeds (gaps +10/-10 and +20/0 at 120/240); seed 2 has no reference run
+    rows = {0: curve_of([11.0, 7.2]), 1: curve_of([12.0, 8.0]), 2: curve_of([9.0, 9.0])}
+    refs = {0: curve_of([10.0, 8.0]), 1: curve_of([10.0, 8.0])}
+    assert E.gap_trajectory(rows, refs) == [
+        (120, pytest.approx(15.0), 2),
+        (240, pytest.approx(-5.0), 2),
+    ]
+    assert E.gap_trajectory({0: row}, {1: ref}) == []  # no paired seed
+
+
+def test_trend_toward_away_and_stable():
+    traj = [(120 * i, g, 2) for i, g in enumerate([20.0, 9.0, 6.0, 3.0, 1.0, -0.5], 1)]
+    # mid = the step nearest half of 720 (360: +6.0), end = -0.5 at 720: change -6.5
+    t = E.trend(traj, "better")
+    assert (t["mid_step"], t["end_step"], t["way"]) == (360, 720, "toward")
+    assert t["mid"] == pytest.approx(6.0) and t["end"] == pytest.approx(-0.5)
+    assert E.trend(traj, "worse")["way"] == "away"
+    assert E.trend(traj, "tie")["way"] == "toward"  # |-0.5| < |6.0|
+    flat = [(120, 5.0, 2), (240, 4.0, 2), (360, 4.5, 2), (480, 5.5, 2)]
+    assert E.trend(flat, "worse")["way"] == "stable"  # 4.0 at 240 -> 5.5: under 2%
+    assert E.trend(flat[:1], "worse") is None
+
+
+def test_readings_by_fixed_thresholds():
+    two = S.judge("ppl", "worse", [-4.0, -5.0], (0, 1))  # reversed
+    quiet = {"late_gain": 0.01, "end_over_best": 0.0}
+    assert E.reading(S.judge("ppl", "worse", [39.0], (0,)), None, quiet, quiet).startswith(
+        "one seed"
+    )
+    over = {"late_gain": 0.0, "end_over_best": 60.0}
+    assert E.reading(two, None, over, quiet).startswith("over-fitting: the row's dev PPL rose 60%")
+    assert E.reading(two, None, quiet, over).startswith("the reference over-fits")
+    toward = {"mid_step": 600, "mid": -8.0, "end_step": 1200, "end": -4.5, "way": "toward"}
+    learning = {"late_gain": 0.06, "end_over_best": 0.0}
+    assert E.reading(two, toward, learning, quiet).startswith("budget-limited")
+    # closing, but the row is no longer learning faster than base: not budget-limited
+    assert E.reading(two, toward, quiet, quiet).startswith("a stable difference")
+    away = dict(toward, mid=0.0, end=-4.1, way="away")
+    assert E.reading(two, away, quiet, quiet).startswith("a growing difference")
+    small = S.judge("ppl", "tie", [1.0, 2.5], (0, 1))  # m 1.75, 2 se 1.5: inconclusive
+    assert E.reading(small, None, quiet, quiet).startswith("a small difference")
+    noisy = S.judge("ppl", "worse", [1.0, 9.0], (0, 1))
+    assert E.reading(noisy, None, quiet, quiet).startswith("seed noise")
+
+
+def test_spearman():
+    assert E.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert E.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert E.spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert E.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(math.sqrt(3) / 2)  # tied ranks
+    assert E.spearman([1, 2], [1, 2]) is None and E.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_report_explains_disagreements_from_the_curves(tmp_path):
+    h = load("table3")
+    root = str(tmp_path / "runs")
+    results = []
+    for r in synthetic_results():
+        factor = r["ppl"] / BASE[r["seed"]][0] if r["row"] != "Cff4096" else 1.0
+        # base falls 30 -> its PPL; every row follows with its own factor at every step
+        curve = curve_of([3 * BASE[r["seed"]][0] * factor, r["ppl"]])
+        o = h.run_overrides("small", r["row"], r["seed"], root)
+        results.append(dict(r, overrides=o, params=2.4e6, dev_curve=curve))
+    R.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1200, 3600)
+    md = (tmp_path / "out" / "table3_small.md").read_text()
+    section = md.split("## Why the others came out as they did")[1].split("## Rows")[0]
+    # B16 (reversed) and C8 (not a tie) are explained; A1 (reproduced) is not
+    assert "**B16 vs base** (reducing d_k to 16 hurts (§6.2)): reversed, expected worse" in section
+    assert "- Per seed (0, 1): -10.0%, -12.0% (same sign in every seed)." in section
+    assert "- Gap over training (step: row vs base): 120: -11.0%, 240: -11.0%." in section
+    assert "**C8 vs base**" in section and "**A1 vs base**" not in section
+    assert "**Dls0.2 vs base**" in section and "one seed: no noise estimate yet" in section
+    # the heads table: A1 (d_k 128), base (16), A16 (8), B16 (4)
+    heads = md.split("## Heads and per-head width (rows A and B)")[1]
+    assert "| A1 | 1 | 128 | 128 | 2 |" in heads and "| B16 | 8 | 4 | 16 | 2 |" in heads
