@@ -180,6 +180,8 @@ def evidence_lines(judged: list[dict], results: list[dict]) -> list[str]:
     ]
     if not items:
         return [*lines, "None so far.", ""]
+    heads = head_width_rows(results)
+    by_dk, by_h = head_width_correlations(heads) if len(heads) >= 3 else (None, None)
     for e in items:
         c, j = e["comparison"], e["judgement"]
         per_seed = ", ".join(f"{d:+.1f}%" for d in e["diffs"])
@@ -196,8 +198,14 @@ def evidence_lines(judged: list[dict], results: list[dict]) -> list[str]:
             f"{_f(e['row']['end_over_best'], '{:+.1f}%')}, {c.ref} "
             f"{_f(e['ref']['end_over_best'], '{:+.1f}%')}.",
             f"- Reading: {e['reading']}.",
-            "",
         ]
+        if c.section in ("A", "B") and len(heads) >= 3:
+            lines.append(
+                f"- Across the {len(heads)} A and B rows run, dev PPL's rank correlation with "
+                f"d_k is {_f(by_dk, '{:+.2f}')} and with h {_f(by_h, '{:+.2f}')} (the table "
+                "under Rows)."
+            )
+        lines.append("")
     return lines
 
 
@@ -229,9 +237,8 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return sxy / math.sqrt(sxx * syy)
 
 
-def head_width_lines(results: list[dict]) -> list[str]:
-    """The A and B rows (heads and per-head width only) by d_k, with PPL's rank correlation with
-    d_k and with the number of heads: which of the two the scaled model's PPL follows."""
+def head_width_rows(results: list[dict]) -> list[tuple]:
+    """(row, h, d_k, d_v, mean PPL, mean BLEU, runs) of the A and B rows run, by d_k."""
     rows = []
     for row in HEAD_ROWS:
         runs = [r for r in results if r["row"] == row]
@@ -241,12 +248,25 @@ def head_width_lines(results: list[dict]) -> list[str]:
         ppl, _ = stats.mean_sd([r["ppl"] for r in runs])
         bleu, _ = stats.mean_sd([r["bleu"] for r in runs])
         rows.append((row, o["model.num_heads"], o["model.d_k"], o["model.d_v"], ppl, bleu, runs))
+    return sorted(rows, key=lambda t: (-t[2], t[1]))
+
+
+def head_width_correlations(rows: list[tuple]) -> tuple[float | None, float | None]:
+    """Spearman's rank correlation of the rows' dev PPL with d_k, and with h."""
+    ppls = [t[4] for t in rows]
+    return (
+        spearman([float(t[2]) for t in rows], ppls),
+        spearman([float(t[1]) for t in rows], ppls),
+    )
+
+
+def head_width_lines(results: list[dict]) -> list[str]:
+    """The A and B rows (heads and per-head width only) by d_k, with PPL's rank correlation with
+    d_k and with the number of heads: which of the two the scaled model's PPL follows."""
+    rows = head_width_rows(results)
     if len(rows) < 3:
         return []
-    rows.sort(key=lambda t: (-t[2], t[1]))
-    ppls = [t[4] for t in rows]
-    by_dk = spearman([float(t[2]) for t in rows], ppls)
-    by_h = spearman([float(t[1]) for t in rows], ppls)
+    by_dk, by_h = head_width_correlations(rows)
     lines = [
         "## Heads and per-head width (rows A and B)",
         "",

@@ -333,6 +333,10 @@ def test_report_explains_disagreements_from_the_curves(tmp_path):
     assert "- Per seed (0, 1): -10.0%, -12.0% (same sign in every seed)." in section
     assert "- Gap over training (step: row vs base): 120: -11.0%, 240: -11.0%." in section
     assert "**C8 vs base**" in section and "**A1 vs base**" not in section
+    # B16's item points at the A/B rows. PPL by d_k 128/16/8/4 (A1, base, A16, B16): 16.7, 15.0,
+    # 15.0 (a tie), 13.3: ranks 3, 1.5, 1.5, 0 against 3, 2, 1, 0 -> 4.5 / sqrt(5 * 4.5)
+    assert "Across the 4 A and B rows run, dev PPL's rank correlation with d_k is +0.95" in section
+    assert "and with h -0.50 (the table under Rows)." in section
     assert "**Dls0.2 vs base**" in section and "one seed: no noise estimate yet" in section
     # the heads table: A1 (d_k 128), base (16), A16 (8), B16 (4)
     heads = md.split("## Heads and per-head width (rows A and B)")[1]
