@@ -104,10 +104,16 @@ def reading(judgement: stats.Judgement, trend_: dict | None, row: dict, ref: dic
             f"nats, the reference's {ref_late:.3f})"
         )
     if trend_ and trend_["way"] == "away":
+        still = ""
+        if row_late > ref_late + LATE_GAIN_MARGIN:
+            still = (
+                f", and the row was still learning faster (late gain {row_late:.3f} nats, the "
+                f"reference's {ref_late:.3f}): the gap would likely grow"
+            )
         return (
             f"a growing difference: the gap moved away from the paper's over training "
             f"({trend_['mid']:+.1f}% at step {trend_['mid_step']} -> {trend_['end']:+.1f}% at "
-            f"{trend_['end_step']}), so a longer budget would not reproduce it"
+            f"{trend_['end_step']}), so a longer budget would not reproduce it{still}"
         )
     if judgement.verdict == stats.INCONCLUSIVE and judgement.mean is not None:
         if abs(judgement.mean) <= stats.MIN_EFFECT[judgement.metric]:

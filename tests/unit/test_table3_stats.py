@@ -301,6 +301,10 @@ def test_readings_by_fixed_thresholds():
     assert E.reading(two, toward, quiet, quiet).startswith("a stable difference")
     away = dict(toward, mid=0.0, end=-4.1, way="away")
     assert E.reading(two, away, quiet, quiet).startswith("a growing difference")
+    assert "the gap would likely grow" not in E.reading(two, away, quiet, quiet)
+    assert E.reading(two, away, learning, quiet).endswith(
+        "(late gain 0.060 nats, the reference's 0.010): the gap would likely grow"
+    )
     small = S.judge("ppl", "tie", [1.0, 2.5], (0, 1))  # m 1.75, 2 se 1.5: inconclusive
     assert E.reading(small, None, quiet, quiet).startswith("a small difference")
     noisy = S.judge("ppl", "worse", [1.0, 9.0], (0, 1))
