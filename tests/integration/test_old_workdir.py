@@ -1,5 +1,7 @@
 """A workdir written before the package layout (tests/data/workdir_v0, made at commit b348338)
-still restores, translates, evaluates and resumes, with the outputs it gave then."""
+still restores, translates, evaluates and resumes, with the outputs it gave then, from another
+folder than the one it was trained in: its saved configs pin its vocabulary under a workdir that
+no longer exists, as for a workdir copied to another machine."""
 
 import json
 import os
@@ -13,6 +15,7 @@ from helpers.runs import write_tiny_corpus
 from tfm_jax.cli.main import main
 
 FIXTURE = os.path.join(REPO, "tests", "data", "workdir_v0")
+OLD_WORKDIR = "/tmp/oldwd"  # where the fixture was trained: its configs' paths say so
 GOLDEN = json.load(open(FIXTURE + ".golden.json", encoding="utf-8"))
 
 
@@ -22,7 +25,21 @@ def old_run(tmp_path_factory):
     corpus = write_tiny_corpus(root / "corpus", **GOLDEN["corpus"])
     workdir = root / "workdir"
     shutil.copytree(FIXTURE, workdir)
+    moved_from(workdir, str(root / "gone"))
     return corpus, workdir
+
+
+def moved_from(workdir, gone: str) -> None:
+    """Make the configs saved in `workdir` say it was trained in `gone` (a folder that does not
+    exist), whatever this machine holds at the fixture's recorded /tmp/oldwd."""
+    for folder, _, files in os.walk(workdir):
+        for name in files:
+            if name in ("config.json", "metadata"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(text.replace(OLD_WORKDIR, gone))
 
 
 @pytest.mark.parametrize("which", ["averaged", "latest"])
@@ -94,3 +111,30 @@ def test_old_run_resumes_where_it_stopped(old_run):
     evals = [r for r in records if r["kind"] == "eval"]
     assert evals[-1]["step"] == 124
     np.testing.assert_allclose(evals[-1]["loss"], want["eval_loss_124"], rtol=1e-5)
+
+
+def test_a_moved_workdir_without_its_vocabulary_is_a_clear_error(old_run, tmp_path, capsys):
+    corpus, _ = old_run
+    copy = tmp_path / "copy"  # the fixture as it was trained, moved without its vocab/
+    shutil.copytree(FIXTURE, copy, ignore=shutil.ignore_patterns("vocab"))
+    moved_from(copy, str(tmp_path / "gone"))
+    src = tmp_path / "in.en"
+    src.write_text("a b c\n")
+    assert main(["translate", f"--workdir={copy}", "--cpu_devices=1", f"--input={src}"]) != 0
+    err = capsys.readouterr().err
+    assert "spm_128_b41380a23df9.model' does not exist (the run was trained in" in err
+    assert "pass --config.data.vocab_path=<the run's sentencepiece .model>" in err
+    # resuming never trains another vocabulary (it would not match the checkpoints' embeddings)
+    argv = ["train", "--config=configs/small.py", f"--workdir={copy}",
+            f"--config.data.dir={corpus}", "--config.train.num_steps=124", *GOLDEN["train_args"],
+            "--config.model.dropout=0.1", "--config.model.dtype=float32"]  # fmt: skip
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        assert main(argv) != 0
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    assert f"cannot resume {copy}: its vocabulary data.vocab_path=" in err
+    assert "Copy that .model file back, or resume with --config.data.vocab_path=" in err
+    assert not (copy / "vocab").exists() and not os.path.exists(tmp_path / "gone")

@@ -68,3 +68,18 @@ def test_saved_config_round_trip_keeps_types():
     back = config_from_json(cfg.to_json())
     assert back.model.num_heads == 2 and back.mesh.rules == cfg.mesh.rules
     assert back.data.get_type("tfds_data_dir") is str  # placeholders stay typed
+
+
+def test_relocated_finds_a_moved_workdirs_own_files(tmp_path):
+    from tfm_jax.config.paths import relocated
+
+    new = tmp_path / "new"
+    (new / "vocab").mkdir(parents=True)
+    (new / "vocab" / "spm.model").write_text("x")
+    old = "/gone/run"
+    assert relocated("/gone/run/vocab/spm.model", old, str(new)) == str(new / "vocab" / "spm.model")
+    assert relocated("/gone/run/vocab/other.model", old, str(new)) is None  # not there either
+    assert relocated("/elsewhere/spm.model", old, str(new)) is None  # not under the old workdir
+    assert relocated("/gone/run/vocab/spm.model", None, str(new)) is None  # no record of it
+    assert relocated("gs://b/run/vocab/spm.model", "gs://b/run", str(new)) is None
+    assert relocated(str(new / "vocab" / "spm.model"), str(new), str(new)) is None  # same place

@@ -32,6 +32,20 @@ def resolve(path: str | os.PathLike | None) -> str | None:
     return os.path.abspath(os.path.expanduser(path))
 
 
+def relocated(path: str | None, old_workdir: str | None, new_workdir: str) -> str | None:
+    """`path`, which a run recorded under its workdir `old_workdir`, at the same place under
+    `new_workdir` if a file is there; else None. A workdir copied to another machine or renamed
+    still finds its own files (the vocabulary a run pins is an absolute path under it)."""
+    if not path or not old_workdir or is_url(path) or is_url(old_workdir):
+        return None
+    old, new = resolve(old_workdir), resolve(new_workdir)
+    rel = os.path.relpath(resolve(path), old)
+    if old == new or rel == os.curdir or rel.startswith(os.pardir + os.sep) or rel == os.pardir:
+        return None
+    candidate = os.path.join(new, rel)
+    return candidate if os.path.isfile(candidate) else None
+
+
 def _typed_key(dotted: str) -> str:
     return dotted.replace(".", "_")
 

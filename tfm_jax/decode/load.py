@@ -14,6 +14,7 @@ import ml_collections
 
 from tfm_jax.checkpoint import errors as ckpt_errors
 from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.config import paths
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.model import transformer
 from tfm_jax.model.transformer import Transformer
@@ -47,10 +48,19 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
     <workdir>/vocab (rather than recomputing get_tokenizer's fingerprint) keeps evaluation of
     another folder (--config.data.dir=...) on the run's own vocabulary.
     """
-    if cfg.data.vocab_path:
-        if not os.path.isfile(cfg.data.vocab_path):
-            raise InferenceError(f"data.vocab_path={cfg.data.vocab_path!r} does not exist")
-        return Tokenizer.load(cfg.data.vocab_path, cfg.data.num_workers)
+    path = cfg.data.vocab_path
+    if path:
+        if not paths.is_url(path) and not os.path.isfile(path):
+            moved = paths.relocated(path, cfg.paths.get("workdir"), workdir)
+            if not moved:
+                raise InferenceError(
+                    f"data.vocab_path={path!r} does not exist (the run was trained in "
+                    f"{cfg.paths.get('workdir')!r}); pass --config.data.vocab_path=<the run's "
+                    "sentencepiece .model>"
+                )
+            log.info("The run's vocabulary %s is now %s (the workdir moved)", path, moved)
+            path = moved
+        return Tokenizer.load(path, cfg.data.num_workers)
     pattern = os.path.join(workdir, "vocab", f"spm_{cfg.data.vocab_size}_*.model")
     found = sorted(glob.glob(pattern), key=os.path.getmtime)
     if not found:

@@ -19,6 +19,7 @@ from typing import Any
 import ml_collections
 
 from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.config import paths
 from tfm_jax.config.validate import ConfigError
 
 log = logging.getLogger(__name__)
@@ -117,6 +118,24 @@ def _show(entries) -> str:
     return "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in entries)
 
 
+def _own_vocabulary(pinned: str, saved_workdir: str | None, workdir: str) -> str:
+    """The vocabulary file a resumed run pinned, found again if its workdir has moved.
+
+    A missing file is an error, never a new vocabulary: one trained again would not match the
+    embedding rows of the checkpoints (and would be written outside this workdir)."""
+    if paths.is_url(pinned) or os.path.isfile(pinned):
+        return pinned
+    moved = paths.relocated(pinned, saved_workdir, workdir)
+    if moved:
+        log.info("The run's vocabulary %s is now %s (the workdir moved)", pinned, moved)
+        return moved
+    raise ResumeConfigError(
+        f"cannot resume {workdir}: its vocabulary data.vocab_path={pinned!r} does not exist "
+        f"(the run was trained in {saved_workdir!r}). Copy that .model file back, or resume "
+        "with --config.data.vocab_path=<the run's sentencepiece .model>."
+    )
+
+
 def check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
     """Raises ResumeConfigError if `cfg` cannot resume `workdir`; logs the allowed changes.
 
@@ -136,9 +155,10 @@ def check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
             f"({_show(refused)}; read from {source}). These keys change the shapes of the saved "
             f"arrays. Resume with the saved values ({fixes}), or train in a new --workdir."
         )
-    pinned = _flatten(saved).get("data.vocab_path")
+    flat = _flatten(saved)
+    pinned = flat.get("data.vocab_path")
     if not cfg.data.vocab_path and pinned:
-        cfg.data.vocab_path = pinned
+        cfg.data.vocab_path = _own_vocabulary(pinned, flat.get("paths.workdir"), workdir)
     if safe:
         log.info("Resuming with changed settings: %s", _show(safe))
     if other:
