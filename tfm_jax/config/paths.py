@@ -9,8 +9,11 @@ anything else reads them, and the saved config keeps both what was typed and wha
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # Config keys that hold a local path or a URL. `paths.typed.<key with _ for .>` records the text
 # the user gave, `paths.cwd` the directory it was resolved against.
@@ -44,6 +47,17 @@ def relocated(path: str | None, old_workdir: str | None, new_workdir: str) -> st
         return None
     candidate = os.path.join(new, rel)
     return candidate if os.path.isfile(candidate) else None
+
+
+def pinned_file(path: str, old_workdir: str | None, new_workdir: str) -> str | None:
+    """A file a run pinned (a URL or an existing path, as it is), else where the moved workdir
+    holds it (`relocated`, logged), else None: the caller says what is missing."""
+    if is_url(path) or os.path.isfile(path):
+        return path
+    moved = relocated(path, old_workdir, new_workdir)
+    if moved:
+        log.info("%s is now %s (the workdir moved from %s)", path, moved, old_workdir)
+    return moved
 
 
 def _typed_key(dotted: str) -> str:

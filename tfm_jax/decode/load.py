@@ -48,18 +48,15 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
     <workdir>/vocab (rather than recomputing get_tokenizer's fingerprint) keeps evaluation of
     another folder (--config.data.dir=...) on the run's own vocabulary.
     """
-    path = cfg.data.vocab_path
-    if path:
-        if not paths.is_url(path) and not os.path.isfile(path):
-            moved = paths.relocated(path, cfg.paths.get("workdir"), workdir)
-            if not moved:
-                raise InferenceError(
-                    f"data.vocab_path={path!r} does not exist (the run was trained in "
-                    f"{cfg.paths.get('workdir')!r}); pass --config.data.vocab_path=<the run's "
-                    "sentencepiece .model>"
-                )
-            log.info("The run's vocabulary %s is now %s (the workdir moved)", path, moved)
-            path = moved
+    if cfg.data.vocab_path:
+        trained_in = cfg.paths.get("workdir")
+        path = paths.pinned_file(cfg.data.vocab_path, trained_in, workdir)
+        if path is None:
+            raise InferenceError(
+                f"data.vocab_path={cfg.data.vocab_path!r} does not exist (the run was trained "
+                f"in {trained_in!r}); pass --config.data.vocab_path=<the run's sentencepiece "
+                ".model>"
+            )
         return Tokenizer.load(path, cfg.data.num_workers)
     pattern = os.path.join(workdir, "vocab", f"spm_{cfg.data.vocab_size}_*.model")
     found = sorted(glob.glob(pattern), key=os.path.getmtime)

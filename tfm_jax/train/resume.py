@@ -123,17 +123,14 @@ def _own_vocabulary(pinned: str, saved_workdir: str | None, workdir: str) -> str
 
     A missing file is an error, never a new vocabulary: one trained again would not match the
     embedding rows of the checkpoints (and would be written outside this workdir)."""
-    if paths.is_url(pinned) or os.path.isfile(pinned):
-        return pinned
-    moved = paths.relocated(pinned, saved_workdir, workdir)
-    if moved:
-        log.info("The run's vocabulary %s is now %s (the workdir moved)", pinned, moved)
-        return moved
-    raise ResumeConfigError(
-        f"cannot resume {workdir}: its vocabulary data.vocab_path={pinned!r} does not exist "
-        f"(the run was trained in {saved_workdir!r}). Copy that .model file back, or resume "
-        "with --config.data.vocab_path=<the run's sentencepiece .model>."
-    )
+    found = paths.pinned_file(pinned, saved_workdir, workdir)
+    if found is None:
+        raise ResumeConfigError(
+            f"cannot resume {workdir}: its vocabulary data.vocab_path={pinned!r} does not exist "
+            f"(the run was trained in {saved_workdir!r}). Copy that .model file back, or "
+            "resume with --config.data.vocab_path=<the run's sentencepiece .model>."
+        )
+    return found
 
 
 def check_resume_config(cfg: ml_collections.ConfigDict, workdir: str) -> None:
