@@ -65,17 +65,12 @@ def trend(trajectory: list[tuple], expect: str | None) -> dict | None:
     return {"mid_step": mid_step, "mid": mid, "end_step": last_step, "end": end, "way": way}
 
 
-def _mean(values) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
-
-
-def diagnostics(runs: list[dict]) -> dict:
-    """A row's mean late gain (nats) and end over best (%) over its runs' dev curves."""
-    curves = [r.get("dev_curve") or [] for r in runs]
+def diagnostics(summary: dict) -> dict:
+    """A row's mean late gain (nats) and end over best (%), from its summary's per-run values
+    (table3_report.row_summaries)."""
     return {
-        "late_gain": _mean(stats.late_gain(c) for c in curves),
-        "end_over_best": _mean(stats.end_over_best(c) for c in curves),
+        key: stats.mean_sd([v for v in summary[key] if v is not None])[0]
+        for key in ("late_gain", "end_over_best")
     }
 
 
@@ -131,11 +126,12 @@ def reading(judgement: stats.Judgement, trend_: dict | None, row: dict, ref: dic
 
 def evidence(comparison: stats.Comparison, judged: dict, summaries: dict) -> dict | None:
     """The evidence for one comparison whose primary verdict disagrees with the paper (None
-    when it agrees or was not run). `summaries`: row -> its runs (result dicts)."""
+    when it agrees or was not run). `summaries`: row -> its summary (row_summaries)."""
     j = judged[stats.PRIMARY]
     if j.verdict in (*stats.AGREES, stats.NOT_RUN):
         return None
-    row_runs, ref_runs = summaries[comparison.row], summaries[comparison.ref]
+    row, ref = summaries[comparison.row], summaries[comparison.ref]
+    row_runs, ref_runs = row["runs"], ref["runs"]
     per_seed = {r.get("seed", 0): r["ppl"] for r in row_runs}
     ref_seed = {r.get("seed", 0): r["ppl"] for r in ref_runs}
     seeds, diffs = stats.paired("ppl", per_seed, ref_seed)
@@ -143,7 +139,7 @@ def evidence(comparison: stats.Comparison, judged: dict, summaries: dict) -> dic
               for runs in (row_runs, ref_runs)]  # fmt: skip
     trajectory = gap_trajectory(*curves)
     t = trend(trajectory, comparison.expect[stats.PRIMARY])
-    row_diag, ref_diag = diagnostics(row_runs), diagnostics(ref_runs)
+    row_diag, ref_diag = diagnostics(row), diagnostics(ref)
     return {
         "comparison": comparison,
         "judgement": j,
@@ -163,11 +159,9 @@ def _f(value, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def evidence_lines(judged: list[dict], results: list[dict]) -> list[str]:
-    """The report's section on every comparison that did not come out as the paper's."""
-    summaries: dict[str, list[dict]] = {}
-    for r in results:
-        summaries.setdefault(r["row"], []).append(r)
+def evidence_lines(judged: list[dict], summaries: dict[str, dict]) -> list[str]:
+    """The report's section on every comparison that did not come out as the paper's.
+    `summaries`: row -> its summary (table3_report.row_summaries: runs, means, diagnostics)."""
     items = [evidence(c, j, summaries) for c, j in zip(stats.PROTOCOL, judged, strict=True)]
     items = [e for e in items if e is not None]
     lines = [
@@ -186,7 +180,7 @@ def evidence_lines(judged: list[dict], results: list[dict]) -> list[str]:
     ]
     if not items:
         return [*lines, "None so far.", ""]
-    heads = head_width_rows(results)
+    heads = head_width_rows(summaries)
     by_dk, by_h = head_width_correlations(heads) if len(heads) >= 3 else (None, None)
     for e in items:
         c, j = e["comparison"], e["judgement"]
@@ -243,17 +237,16 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return sxy / math.sqrt(sxx * syy)
 
 
-def head_width_rows(results: list[dict]) -> list[tuple]:
+def head_width_rows(summaries: dict[str, dict]) -> list[tuple]:
     """(row, h, d_k, d_v, mean PPL, mean BLEU, runs) of the A and B rows run, by d_k."""
     rows = []
     for row in HEAD_ROWS:
-        runs = [r for r in results if r["row"] == row]
-        if not runs:
+        if row not in summaries:
             continue
-        o = runs[0]["overrides"]
-        ppl, _ = stats.mean_sd([r["ppl"] for r in runs])
-        bleu, _ = stats.mean_sd([r["bleu"] for r in runs])
-        rows.append((row, o["model.num_heads"], o["model.d_k"], o["model.d_v"], ppl, bleu, runs))
+        s = summaries[row]
+        o = s["runs"][0]["overrides"]
+        rows.append((row, o["model.num_heads"], o["model.d_k"], o["model.d_v"], s["ppl"][0],
+                     s["bleu"][0], s["runs"]))  # fmt: skip
     return sorted(rows, key=lambda t: (-t[2], t[1]))
 
 
@@ -266,10 +259,10 @@ def head_width_correlations(rows: list[tuple]) -> tuple[float | None, float | No
     )
 
 
-def head_width_lines(results: list[dict]) -> list[str]:
+def head_width_lines(summaries: dict[str, dict]) -> list[str]:
     """The A and B rows (heads and per-head width only) by d_k, with PPL's rank correlation with
     d_k and with the number of heads: which of the two the scaled model's PPL follows."""
-    rows = head_width_rows(results)
+    rows = head_width_rows(summaries)
     if len(rows) < 3:
         return []
     by_dk, by_h = head_width_correlations(rows)
@@ -287,4 +280,4 @@ def head_width_lines(results: list[dict]) -> list[str]:
     ]
     for row, h, dk, dv, ppl, bleu, runs in rows:
         lines.append(f"| {row} | {h} | {dk} | {dv} | {len(runs)} | {ppl:.2f} | {bleu:.1f} |")
-    return [*lines, ""]
+    return lines

@@ -227,7 +227,8 @@ def write_table(
             cells += [f"{expected} ({_fmt_gap(metric, paper_gap(c, metric))})",
                       _fmt_gap(metric, jm.mean, jm.sd) + n, jm.verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", *evidence_lines(judged, results)]
+    by_row = {s["row"]: s for s in rows}
+    lines += ["", *evidence_lines(judged, by_row)]
     lines += [
         "## Rows",
         "",
@@ -243,9 +244,9 @@ def write_table(
         "|" + "---|" * len(md_header),
         *("| " + " | ".join(str(c) for c in row) + " |" for row in md_rows),
     ]
-    head_widths = head_width_lines(results)
+    head_widths = head_width_lines(by_row)
     if head_widths:
-        lines += ["", *head_widths[:-1]]
+        lines += ["", *head_widths]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     written = [stem + ".md", stem + ".csv", stem + "_seeds.csv"]
