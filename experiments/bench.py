@@ -177,16 +177,26 @@ def matmul_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
     return 3.0 * (n * (enc + dec) + logits)
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str]]:
-    """'NAME:k=v,k=v' -> (name, config overrides, XLA compiler options)."""
+def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str], dict[str, int]]:
+    """'NAME:k=v,k=v' -> (name, config overrides, XLA compiler options, batch shape).
+
+    `batch=` and `length=` give this variant its own synthetic batch (rows, length a side), so
+    that shapes can be timed round-robin in one process (e.g. packed rows of 128 against 64 at
+    the same tokens a step); the others use --batch and --length.
+    """
     name, _, rest = text.partition(":")
-    overrides, options = {}, {}
+    overrides, options, shape = {}, {}, {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
         if not eq:
             raise ValueError(f"--variant {text!r}: {item!r} is not KEY=VALUE")
-        (options if key.startswith("xla_") else overrides)[key] = value
-    return name or "default", overrides, options
+        if key in ("batch", "length"):
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"--variant {text!r}: {key}={value!r} is not a positive integer")
+            shape[key] = int(value)
+        else:
+            (options if key.startswith("xla_") else overrides)[key] = value
+    return name or "default", overrides, options, shape
 
 
 class StepCase:
@@ -302,16 +312,19 @@ class StepCase:
 
 
 def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
-    """cfgs: [(name, cfg, compiler_options)]; all are timed round-robin with the peak between.
+    """cfgs: [(name, cfg, compiler_options, shape)]; all are timed round-robin with the peak
+    between. shape: {"batch", "length"} overriding --batch/--length for that case.
 
     Each case's compile record is printed as soon as it is compiled, before any step is timed.
     """
     cases = []
-    for name, cfg, options in cfgs:
-        batch_np = synthetic_batch(args.batch, args.length, cfg.model.vocab_size)
-        case = StepCase(name, cfg, batch_np, options)
-        emit(case.describe("train_step_compile", args.batch, args.length, args.length))
+    shapes = []
+    for name, cfg, options, shape in cfgs:
+        b, n = shape.get("batch", args.batch), shape.get("length", args.length)
+        case = StepCase(name, cfg, synthetic_batch(b, n, cfg.model.vocab_size), options)
+        emit(case.describe("train_step_compile", b, n, n))
         cases.append(case)
+        shapes.append((b, n))
     for case in cases:
         for i in range(args.warmup):
             start = time.perf_counter()
@@ -327,14 +340,14 @@ def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
             case.mfus.append(case.flops / t / (p * case.chips))
             case.peaks.append(p)
     out = []
-    for case in cases:
+    for case, (b, n) in zip(cases, shapes, strict=True):
         peak_name = "bf16" if case.cfg.model.dtype == "bfloat16" else "f32"
-        out.append(case.result(args.batch, args.length, args.length, peak_name))
+        out.append(case.result(b, n, n, peak_name))
     if jax.device_count() > 1:  # sharded-step correctness: the same first step on 1 device
         one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
-        for case, record in zip(cases, out, strict=False):
+        for case, record, (b, n) in zip(cases, out, shapes, strict=True):
             ref = StepCase(case.name, case.cfg, synthetic_batch(
-                args.batch, args.length, case.cfg.model.vocab_size), mesh=one)  # fmt: skip
+                b, n, case.cfg.model.vocab_size), mesh=one)  # fmt: skip
             ref.run()
             record["first_loss_1device"] = ref.first_loss
             record["first_loss_rel_diff"] = abs(ref.first_loss - case.first_loss) / abs(
@@ -408,7 +421,8 @@ def parse_args(argv: list[str]):
         "--variant",
         action="append",
         default=[],
-        help="NAME:k=v,... (config overrides; xla_* keys are compiler options)",
+        help="NAME:k=v,... (config overrides; xla_* keys are compiler options; batch= and "
+        "length= give the variant its own synthetic batch shape)",
     )
     parser.add_argument("--decode_limit", type=int, default=None, help="test sentences")
     parser.add_argument(
@@ -446,10 +460,10 @@ def main(argv: list[str] | None = None) -> int:
         for spec in specs:
             label = os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
             for text in args.variant or ["default:"]:
-                name, var_overrides, options = parse_variant(text)
+                name, var_overrides, options, shape = parse_variant(text)
                 progress(f"{label}/{name}: building the config")
                 cfg = build_config(spec, {**overrides, **var_overrides})
-                cases.append((f"{label}/{name}", cfg, options))
+                cases.append((f"{label}/{name}", cfg, options, shape))
         for record in bench_train_step(cases, args, peak):
             emit(record)
     if "decode" in args.benches:

@@ -49,6 +49,7 @@ def test_peak_and_train_step_variants():
         *MICRO,
         "--variant=f32:model.dtype=float32",
         "--variant=bf16:model.dtype=bfloat16",
+        "--variant=rows:model.dtype=bfloat16,batch=16,length=4",
     )
     peak = out[("peak", None)]
     assert peak["f32_flops"] > 0 and peak["bf16_flops"] > 0
@@ -69,6 +70,11 @@ def test_peak_and_train_step_variants():
     # bf16 compute starts from the same float32 weights: the first loss agrees loosely
     f32, bf16 = out[("train_step", "small/f32")], out[("train_step", "small/bf16")]
     assert bf16["first_loss"] == pytest.approx(f32["first_loss"], rel=2e-2)
+    # a variant with its own batch shape: twice the rows at half the length, same tokens
+    rows = out[("train_step", "small/rows")]
+    assert rows["batch_shape"] == [16, 4, 4] and out[("train_step_compile", "small/rows")][
+        "batch_shape"] == [16, 4, 4]
+    assert rows["target_tokens"] == 64 and bf16["batch_shape"] == [8, 8, 8]
 
 
 @pytest.mark.multiprocess
@@ -90,12 +96,16 @@ def test_parse_variant():
     sys.path.insert(0, os.path.join(REPO, "experiments"))
     import bench
 
-    name, overrides, options = bench.parse_variant(
-        "x:model.dtype=bfloat16,xla_cpu_enable_fast_math=true"
+    name, overrides, options, shape = bench.parse_variant(
+        "x:model.dtype=bfloat16,xla_cpu_enable_fast_math=true,batch=64,length=16"
     )
     assert name == "x"
     assert overrides == {"model.dtype": "bfloat16"}
     assert options == {"xla_cpu_enable_fast_math": "true"}
+    assert shape == {"batch": 64, "length": 16}
+    assert bench.parse_variant("plain:")[3] == {}
+    with pytest.raises(ValueError, match="length='0'"):
+        bench.parse_variant("bad:length=0")
 
 
 @pytest.mark.multiprocess
