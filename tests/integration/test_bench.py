@@ -72,8 +72,8 @@ def test_peak_and_train_step_variants():
     assert bf16["first_loss"] == pytest.approx(f32["first_loss"], rel=2e-2)
     # a variant with its own batch shape: twice the rows at half the length, same tokens
     rows = out[("train_step", "small/rows")]
-    assert rows["batch_shape"] == [16, 4, 4] and out[("train_step_compile", "small/rows")][
-        "batch_shape"] == [16, 4, 4]
+    assert rows["batch_shape"] == [16, 4, 4]
+    assert out[("train_step_compile", "small/rows")]["batch_shape"] == [16, 4, 4]
     assert rows["target_tokens"] == 64 and bf16["batch_shape"] == [8, 8, 8]
 
 
