@@ -65,6 +65,36 @@ def trend(trajectory: list[tuple], expect: str | None) -> dict | None:
     return {"mid_step": mid_step, "mid": mid, "end_step": last_step, "end": end, "way": way}
 
 
+def beyond_reference(row_runs: dict[int, list], ref_runs: dict[int, list]) -> dict | None:
+    """For a row trained longer than its reference (big: 3x base's steps), what its own longer
+    budget did after the reference's last evaluation, over the paired seeds: the row's dev PPL at
+    that step, its best and where, its end, and the reference's best (all means over seeds).
+    None when no paired row curve goes past the reference's end."""
+    seeds = [s for s in sorted(set(row_runs) & set(ref_runs)) if row_runs[s] and ref_runs[s]]
+    items = []
+    for seed in seeds:
+        ref_end = max(int(step) for step, _ in ref_runs[seed])
+        row = [(int(step), v) for step, v in row_runs[seed]]
+        before = [v for step, v in row if step <= ref_end]
+        if not before or max(step for step, _ in row) <= ref_end:
+            continue
+        best_step, best = min(row, key=lambda t: t[1])
+        items.append((ref_end, before[-1], best, best_step, row[-1][1],
+                      min(v for _, v in ref_runs[seed])))  # fmt: skip
+    if not items:
+        return None
+    mean = lambda i: sum(t[i] for t in items) / len(items)  # noqa: E731
+    return {
+        "ref_end": max(t[0] for t in items),
+        "at_ref_end": math.exp(mean(1)),
+        "best": math.exp(mean(2)),
+        "best_step": max(t[3] for t in items),
+        "end": math.exp(mean(4)),
+        "ref_best": math.exp(mean(5)),
+        "n": len(items),
+    }
+
+
 def diagnostics(summary: dict) -> dict:
     """A row's mean late gain (nats) and end over best (%), from its summary's per-run values
     (table3_report.row_summaries)."""
@@ -74,8 +104,16 @@ def diagnostics(summary: dict) -> dict:
     }
 
 
-def reading(judgement: stats.Judgement, trend_: dict | None, row: dict, ref: dict) -> str:
-    """One sentence, by fixed thresholds, for why a comparison came out as it did."""
+def reading(
+    judgement: stats.Judgement,
+    trend_: dict | None,
+    row: dict,
+    ref: dict,
+    beyond: dict | None = None,
+) -> str:
+    """One sentence, by fixed thresholds, for why a comparison came out as it did. `beyond`
+    (beyond_reference): the row had a longer budget than its reference, so the gap at shared
+    steps says how it started, and its own later curve says what the longer budget bought."""
     overfit = stats.MIN_EFFECT["ppl"]
     row_rise, ref_rise = row.get("end_over_best") or 0.0, ref.get("end_over_best") or 0.0
     row_late, ref_late = row.get("late_gain") or 0.0, ref.get("late_gain") or 0.0
@@ -90,6 +128,21 @@ def reading(judgement: stats.Judgement, trend_: dict | None, row: dict, ref: dic
         return (
             f"the reference over-fits: its dev PPL rose {ref_rise:.0f}% after its best (the "
             f"row's {row_rise:.0f}%)"
+        )
+    if beyond is not None and judgement.verdict != stats.INCONCLUSIVE:
+        gain = 100.0 * (1.0 - beyond["best"] / beyond["at_ref_end"])
+        left = 100.0 * (beyond["best"] / beyond["ref_best"] - 1.0)
+        if row_late > ref_late + LATE_GAIN_MARGIN:
+            tail = (f"; it was still learning at the end of its own budget (late gain "
+                    f"{row_late:.3f} nats, the reference's {ref_late:.3f})")  # fmt: skip
+        else:
+            tail = "; it had stopped learning, so the gap is the scaled row's, not the budget's"
+        return (
+            f"what the longer budget bought: at the reference's last step "
+            f"({beyond['ref_end']}) the row's dev PPL was {beyond['at_ref_end']:.2f}; its later "
+            f"steps took it {gain:.0f}% lower, to {beyond['best']:.2f} at step "
+            f"{beyond['best_step']}, {left:+.1f}% against the reference's best "
+            f"{beyond['ref_best']:.2f}{tail}"
         )
     if trend_ and trend_["way"] == "toward" and row_late > ref_late + LATE_GAIN_MARGIN:
         return (
@@ -140,6 +193,7 @@ def evidence(comparison: stats.Comparison, judged: dict, summaries: dict) -> dic
     trajectory = gap_trajectory(*curves)
     t = trend(trajectory, comparison.expect[stats.PRIMARY])
     row_diag, ref_diag = diagnostics(row), diagnostics(ref)
+    beyond = beyond_reference(*curves)
     return {
         "comparison": comparison,
         "judgement": j,
@@ -151,7 +205,8 @@ def evidence(comparison: stats.Comparison, judged: dict, summaries: dict) -> dic
         "trend": t,
         "row": row_diag,
         "ref": ref_diag,
-        "reading": reading(j, t, row_diag, ref_diag),
+        "beyond": beyond,
+        "reading": reading(j, t, row_diag, ref_diag, beyond),
     }
 
 
@@ -197,8 +252,15 @@ def evidence_lines(judged: list[dict], summaries: dict[str, dict]) -> list[str]:
             f"{_f(e['ref']['late_gain'], '{:.3f}')} nats; end vs best PPL: row "
             f"{_f(e['row']['end_over_best'], '{:+.1f}%')}, {c.ref} "
             f"{_f(e['ref']['end_over_best'], '{:+.1f}%')}.",
-            f"- Reading: {e['reading']}.",
         ]
+        if (b := e["beyond"]) is not None:
+            lines.append(
+                f"- Past {c.ref}'s budget (its last evaluation, step {b['ref_end']}): the row's "
+                f"dev PPL {b['at_ref_end']:.2f} there, best {b['best']:.2f} at step "
+                f"{b['best_step']}, end {b['end']:.2f}; {c.ref}'s best {b['ref_best']:.2f} "
+                f"(means over {b['n']} seeds)."
+            )
+        lines += [f"- Reading: {e['reading']}."]
         if c.section in ("A", "B") and len(heads) >= 3:
             lines.append(
                 f"- Across the {len(heads)} A and B rows run, dev PPL's rank correlation with "

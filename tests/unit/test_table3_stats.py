@@ -311,6 +311,41 @@ def test_readings_by_fixed_thresholds():
     assert E.reading(noisy, None, quiet, quiet).startswith("seed noise")
 
 
+def test_beyond_reference_for_a_row_trained_longer():
+    # base: 4 evaluations to step 480; the row (3x budget): 12 to step 1440
+    ref = {0: curve_of([10.0, 8.0, 7.0, 6.0]), 1: curve_of([10.0, 8.0, 7.0, 6.0])}
+    row = {
+        0: curve_of([12.0, 10.0, 9.0, 8.0, 7.5, 7.0, 6.8, 6.5, 6.4, 6.3, 6.4, 6.6]),
+        1: curve_of([12.0, 10.0, 9.0, 8.0, 7.5, 7.0, 6.8, 6.5, 6.4, 6.3, 6.4, 6.6]),
+    }
+    b = E.beyond_reference(row, ref)
+    assert (b["ref_end"], b["best_step"], b["n"]) == (480, 1200, 2)
+    assert b["at_ref_end"] == pytest.approx(8.0) and b["best"] == pytest.approx(6.3)
+    assert b["end"] == pytest.approx(6.6) and b["ref_best"] == pytest.approx(6.0)
+    # same budget (no step past the reference's end): nothing to say
+    assert E.beyond_reference(ref, ref) is None
+    assert E.beyond_reference({0: row[0]}, {1: ref[1]}) is None  # no paired seed
+    two = S.judge("ppl", "better", [5.0, 5.0], (0, 1))  # big expected better, is worse
+    quiet = {"late_gain": 0.01, "end_over_best": 0.0}
+    text = E.reading(two, None, quiet, quiet, b)
+    assert text == (
+        "what the longer budget bought: at the reference's last step (480) the row's dev PPL "
+        "was 8.00; its later steps took it 21% lower, to 6.30 at step 1200, +5.0% against the "
+        "reference's best 6.00; it had stopped learning, so the gap is the scaled row's, not "
+        "the budget's"
+    )
+    learning = {"late_gain": 0.06, "end_over_best": 0.0}
+    assert E.reading(two, None, learning, quiet, b).endswith(
+        "it was still learning at the end of its own budget (late gain 0.060 nats, the "
+        "reference's 0.010)"
+    )
+    # over-fitting still comes first, and noise is not explained away by the budget
+    over = {"late_gain": 0.0, "end_over_best": 60.0}
+    assert E.reading(two, None, over, quiet, b).startswith("over-fitting")
+    noisy = S.judge("ppl", "better", [1.0, 9.0], (0, 1))
+    assert E.reading(noisy, None, quiet, quiet, b).startswith("seed noise")
+
+
 def test_spearman():
     assert E.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert E.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
@@ -329,9 +364,23 @@ def test_report_explains_disagreements_from_the_curves(tmp_path):
         curve = curve_of([3 * BASE[r["seed"]][0] * factor, r["ppl"]])
         o = h.run_overrides("small", r["row"], r["seed"], root)
         results.append(dict(r, overrides=o, params=2.4e6, dev_curve=curve))
+    for seed, (base_ppl, bleu) in BASE.items():  # big, 3x base's steps, ends 5% above base
+        big = curve_of([4 * base_ppl, 2 * base_ppl, 1.5 * base_ppl, 1.2 * base_ppl,
+                        1.05 * base_ppl, 1.05 * base_ppl])  # fmt: skip
+        o = h.run_overrides("small", "big", seed, root)
+        results.append({"row": "big", "seed": seed, "ppl": 1.05 * base_ppl, "bleu": bleu,
+                        "overrides": o, "params": 9e6, "dev_curve": big})  # fmt: skip
     R.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1200, 3600)
     md = (tmp_path / "out" / "table3_small.md").read_text()
     section = md.split("## Why the others came out as they did")[1].split("## Rows")[0]
+    # big ran past base's last evaluation (step 240 here): what its own budget bought
+    assert "**big vs base** (big (3x steps) is better): reversed, expected better" in section
+    # at 240: 2x base's PPL (seed-mean of the logs: 2 * sqrt(10 * 20) = 28.28); best 1.05x,
+    # first reached at 600
+    assert ("- Past base's budget (its last evaluation, step 240): the row's dev PPL 28.28 "
+            "there, best 14.85 at step 600, end 14.85; base's best 14.14 (means over 2 "
+            "seeds).") in section  # fmt: skip
+    assert "what the longer budget bought: at the reference's last step (240)" in section
     # B16 (reversed) and C8 (not a tie) are explained; A1 (reproduced) is not
     assert "**B16 vs base** (reducing d_k to 16 hurts (§6.2)): reversed, expected worse" in section
     assert "- Per seed (0, 1): -10.0%, -12.0% (same sign in every seed)." in section
