@@ -204,6 +204,7 @@ class StepCase:
 
     def __init__(self, name, cfg, batch_np, compiler_options=None, mesh=None):
         self.name, self.cfg = name, cfg
+        self.rows, self.length = batch_np["targets"].shape  # the synthetic batch's [rows, length]
         shape = "x".join(map(str, batch_np["targets"].shape))
         progress(f"{name}: building the model and optimizer ({cfg.model.dtype}, [{shape}])")
         self.trainer = train.make_trainer(cfg, mesh)
@@ -318,13 +319,11 @@ def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
     Each case's compile record is printed as soon as it is compiled, before any step is timed.
     """
     cases = []
-    shapes = []
     for name, cfg, options, shape in cfgs:
         b, n = shape.get("batch", args.batch), shape.get("length", args.length)
         case = StepCase(name, cfg, synthetic_batch(b, n, cfg.model.vocab_size), options)
         emit(case.describe("train_step_compile", b, n, n))
         cases.append(case)
-        shapes.append((b, n))
     for case in cases:
         for i in range(args.warmup):
             start = time.perf_counter()
@@ -340,14 +339,14 @@ def bench_train_step(cfgs, args, peak: Peak) -> list[dict]:
             case.mfus.append(case.flops / t / (p * case.chips))
             case.peaks.append(p)
     out = []
-    for case, (b, n) in zip(cases, shapes, strict=True):
+    for case in cases:
         peak_name = "bf16" if case.cfg.model.dtype == "bfloat16" else "f32"
-        out.append(case.result(b, n, n, peak_name))
+        out.append(case.result(case.rows, case.length, case.length, peak_name))
     if jax.device_count() > 1:  # sharded-step correctness: the same first step on 1 device
         one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
-        for case, record, (b, n) in zip(cases, out, shapes, strict=True):
+        for case, record in zip(cases, out, strict=True):
             ref = StepCase(case.name, case.cfg, synthetic_batch(
-                b, n, case.cfg.model.vocab_size), mesh=one)  # fmt: skip
+                case.rows, case.length, case.cfg.model.vocab_size), mesh=one)  # fmt: skip
             ref.run()
             record["first_loss_1device"] = ref.first_loss
             record["first_loss_rel_diff"] = abs(ref.first_loss - case.first_loss) / abs(
