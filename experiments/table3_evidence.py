@@ -65,22 +65,26 @@ def trend(trajectory: list[tuple], expect: str | None) -> dict | None:
     return {"mid_step": mid_step, "mid": mid, "end_step": last_step, "end": end, "way": way}
 
 
-def beyond_reference(row_runs: dict[int, list], ref_runs: dict[int, list]) -> dict | None:
+def beyond_reference(row_runs: list[dict], ref_runs: list[dict]) -> dict | None:
     """For a row trained longer than its reference (big: 3x base's steps), what its own longer
     budget did after the reference's last evaluation, over the paired seeds: the row's dev PPL at
-    that step, its best and where, its end, and the reference's best (all means over seeds).
-    None when no paired row curve goes past the reference's end."""
-    seeds = [s for s in sorted(set(row_runs) & set(ref_runs)) if row_runs[s] and ref_runs[s]]
+    that step, its best and where, its end, and the reference's best (geometric means over
+    seeds). Runs are results as the report reads them (table3_report.at_best_checkpoint: `ppl`
+    at the best checkpoint, `best_step`, `ppl_latest`). None when no paired row curve goes past
+    the reference's end."""
+    refs = {r.get("seed", 0): r for r in ref_runs if r.get("dev_curve")}
     items = []
-    for seed in seeds:
-        ref_end = max(int(step) for step, _ in ref_runs[seed])
-        row = [(int(step), v) for step, v in row_runs[seed]]
-        before = [v for step, v in row if step <= ref_end]
-        if not before or max(step for step, _ in row) <= ref_end:
+    for run in row_runs:
+        ref = refs.get(run.get("seed", 0))
+        if ref is None or not run.get("dev_curve"):
             continue
-        best_step, best = min(row, key=lambda t: t[1])
-        items.append((ref_end, before[-1], best, best_step, row[-1][1],
-                      min(v for _, v in ref_runs[seed])))  # fmt: skip
+        ref_end = max(int(step) for step, _ in ref["dev_curve"])
+        row = [(int(step), v) for step, v in run["dev_curve"]]
+        before = [v for step, v in row if step <= ref_end]
+        if not before or row[-1][0] <= ref_end:
+            continue
+        items.append((ref_end, before[-1], math.log(run["ppl"]), run["best_step"],
+                      math.log(run["ppl_latest"]), math.log(ref["ppl"])))  # fmt: skip
     if not items:
         return None
     mean = lambda i: sum(t[i] for t in items) / len(items)  # noqa: E731
@@ -193,7 +197,7 @@ def evidence(comparison: stats.Comparison, judged: dict, summaries: dict) -> dic
     trajectory = gap_trajectory(*curves)
     t = trend(trajectory, comparison.expect[stats.PRIMARY])
     row_diag, ref_diag = diagnostics(row), diagnostics(ref)
-    beyond = beyond_reference(*curves)
+    beyond = beyond_reference(row_runs, ref_runs)
     return {
         "comparison": comparison,
         "judgement": j,

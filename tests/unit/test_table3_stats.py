@@ -318,13 +318,19 @@ def test_beyond_reference_for_a_row_trained_longer():
         0: curve_of([12.0, 10.0, 9.0, 8.0, 7.5, 7.0, 6.8, 6.5, 6.4, 6.3, 6.4, 6.6]),
         1: curve_of([12.0, 10.0, 9.0, 8.0, 7.5, 7.0, 6.8, 6.5, 6.4, 6.3, 6.4, 6.6]),
     }
-    b = E.beyond_reference(row, ref)
+
+    # as the report reads them: PPL at the best checkpoint, its step, the end-of-budget PPL
+    def runs(curves):
+        return [R.at_best_checkpoint({"seed": seed, "ppl": math.exp(c[-1][1]), "dev_curve": c})
+                for seed, c in curves.items()]  # fmt: skip
+
+    b = E.beyond_reference(runs(row), runs(ref))
     assert (b["ref_end"], b["best_step"], b["n"]) == (480, 1200, 2)
     assert b["at_ref_end"] == pytest.approx(8.0) and b["best"] == pytest.approx(6.3)
     assert b["end"] == pytest.approx(6.6) and b["ref_best"] == pytest.approx(6.0)
     # same budget (no step past the reference's end): nothing to say
-    assert E.beyond_reference(ref, ref) is None
-    assert E.beyond_reference({0: row[0]}, {1: ref[1]}) is None  # no paired seed
+    assert E.beyond_reference(runs(ref), runs(ref)) is None
+    assert E.beyond_reference(runs({0: row[0]}), runs({1: ref[1]})) is None  # no paired seed
     two = S.judge("ppl", "better", [5.0, 5.0], (0, 1))  # big expected better, is worse
     quiet = {"late_gain": 0.01, "end_over_best": 0.0}
     text = E.reading(two, None, quiet, quiet, b)
