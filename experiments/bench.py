@@ -439,6 +439,10 @@ def parse_args(argv: list[str]):
         "evaluate --cpu_devices` (default: the same, one per core up to 4)",
     )
     args = parser.parse_args(argv)  # fmt: skip
+    try:  # before anything is compiled: a bad --variant is a usage error, not a traceback
+        args.variants = [parse_variant(text) for text in args.variant or ["default:"]]
+    except ValueError as e:
+        parser.error(str(e))
     paths.resolve_args(args)
     return args, overrides
 
@@ -458,8 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = []
         for spec in specs:
             label = os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
-            for text in args.variant or ["default:"]:
-                name, var_overrides, options, shape = parse_variant(text)
+            for name, var_overrides, options, shape in args.variants:
                 progress(f"{label}/{name}: building the config")
                 cfg = build_config(spec, {**overrides, **var_overrides})
                 cases.append((f"{label}/{name}", cfg, options, shape))

@@ -108,6 +108,16 @@ def test_parse_variant():
         bench.parse_variant("bad:length=0")
 
 
+def test_bad_variant_is_a_usage_error(capsys):
+    sys.path.insert(0, os.path.join(REPO, "experiments"))
+    import bench
+
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(["train_step", "--variant=bad:batch=x"])
+    assert exit_.value.code == 2
+    assert "--variant 'bad:batch=x': batch='x' is not a positive integer" in capsys.readouterr().err
+
+
 @pytest.mark.multiprocess
 @pytest.mark.skipif(
     not os.path.isdir(os.path.join(SHARED_DATA, "multi30k")), reason="needs shared Multi30k"
