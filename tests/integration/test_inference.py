@@ -2,9 +2,11 @@
 
 import argparse
 import functools
+import glob
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -26,7 +28,7 @@ from tfm_jax.decode import search as decode
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.train import trainer as train
 from tfm_jax.viz.attention import capture_attention
-from tfm_jax.vocab_ids import EOS_ID
+from tfm_jax.vocab_ids import BOS_ID, EOS_ID
 
 # ----------------------------------------------------------------------------- cached == full
 
@@ -118,6 +120,77 @@ def test_plan_batches_shapes(random_model):
                                                           (1, 1, 48)]  # fmt: skip
     for chunk, _, src_len in plan:
         assert all(lengths[i] <= src_len for i in chunk)
+
+
+# ----------------------------------------------------------------------------- ensembles
+
+
+def test_ensemble_of_a_model_with_itself_decodes_as_the_model(random_model):
+    cfg, model, params = random_model
+    sources = [[5, 9, 12], [7], [30, 31, 32, 33, 34, 35], [4, 4]]
+    for greedy in (False, True):
+        one = translate.translate_ids(cfg, model, params, sources, max_extra_len=6, greedy=greedy)
+        two = translate.translate_ids(
+            cfg, (model, model), (params, params), sources, max_extra_len=6, greedy=greedy
+        )
+        for a, b in zip(one, two, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_ensemble_follows_the_mean_of_its_members_probabilities(random_model):
+    """Members of different shapes; greedy ensemble decoding (cached) takes, at every step, the
+    argmax of the members' mean probability under a full teacher-forced recompute."""
+    cfg, model, params = random_model
+    other_cfg = tiny_config(**{"model.dropout": 0.0, "model.num_layers": 1, "model.d_ff": 48})
+    other = train.make_model(other_cfg)
+    src = jnp.ones((1, 8), jnp.int32)
+    other_params = nn.unbox(jax.jit(other.init)(jax.random.PRNGKey(11), src, src)["params"])
+    models, both = (model, other), (params, other_params)
+    sources = [[5, 9, 12], [7, 8], [30, 31, 32, 33, 34]]
+    outs = translate.translate_ids(cfg, models, both, sources, max_extra_len=5, greedy=True)
+    singles = [translate.translate_ids(cfg, m, p, sources, max_extra_len=5, greedy=True)
+               for m, p in zip(models, both, strict=True)]  # fmt: skip
+    assert any(
+        not all(np.array_equal(o, s[i]) for s in singles) for i, o in enumerate(outs)
+    )  # the ensemble's outputs are not simply one member's
+    for ids, out in zip(sources, outs, strict=True):
+        inputs = jnp.asarray([ids + [EOS_ID]], jnp.int32)
+        prefix = jnp.asarray([[BOS_ID, *out[:-1]]], jnp.int32)
+        probs = 0.0
+        for m, p in zip(models, both, strict=True):
+            encoded = m.apply({"params": p}, inputs, method=Transformer.encode)
+            logits = m.apply({"params": p}, encoded, inputs, prefix, method=Transformer.decode)
+            probs += jax.nn.softmax(translate.mask_special_logits(logits[0]).astype(jnp.float32))
+        np.testing.assert_array_equal(np.argmax(np.asarray(probs), -1), out)
+
+
+def test_ensemble_perplexity_is_of_the_mean_probability(random_model):
+    from tfm_jax.eval import evaluate
+
+    cfg, model, params = random_model
+    other_params = nn.unbox(
+        jax.jit(model.init)(jax.random.PRNGKey(12), jnp.ones((1, 8), jnp.int32),
+                            jnp.ones((1, 8), jnp.int32))["params"]
+    )  # fmt: skip
+    rng = np.random.default_rng(1)
+    targets = rng.integers(4, cfg.model.vocab_size, (3, 7)).astype(np.int32)
+    targets[0, 5:] = 0  # padding
+    batch = {"inputs": jnp.asarray(rng.integers(4, 64, (3, 6)), jnp.int32),
+             "targets": jnp.asarray(targets)}  # fmt: skip
+    sums = evaluate.ensemble_eval_step(
+        (params, other_params), batch, models=(model, model), label_smoothing=0.0
+    )
+    probs = [
+        np.asarray(jax.nn.softmax(train.model_forward(model, p, batch, deterministic=True)), float)
+        for p in (params, other_params)
+    ]
+    label_p = [np.take_along_axis(q, targets[..., None], -1)[..., 0] for q in probs]
+    mask = targets != 0
+    expected = -np.log((label_p[0] + label_p[1]) / 2)[mask].sum()
+    np.testing.assert_allclose(float(sums["nll"]), expected, rtol=1e-5)
+    assert float(sums["tokens"]) == mask.sum()
+    # Jensen: the mixture's NLL is at most the members' mean NLL.
+    assert expected <= np.mean([-np.log(q)[mask].sum() for q in label_p])
 
 
 # ----------------------------------------------------------------------------- a trained run
@@ -319,6 +392,49 @@ def test_evaluate_writes_scores(run, capsys):
     for name in ("val.hyp.txt", "val.alpha0.6.hyp.txt", "val.alpha1.hyp.txt"):
         with open(os.path.join(out_dir, name)) as f:
             assert len(f.read().split("\n")) == 13
+
+
+def test_evaluate_an_ensemble_cli(run, tmp_path, capsys):
+    """`evaluate --ensemble=OTHER`: both runs decode together, scores.json names the members
+    and goes to its own folder; a member with another vocabulary is a one-line error."""
+    cfg, workdir = run
+    twin = tmp_path / "twin"
+    shutil.copytree(workdir, twin, ignore=shutil.ignore_patterns("eval"))
+    capsys.readouterr()
+    argv = ["evaluate", f"--workdir={workdir}", "--split=validation", "--checkpoint=latest"]
+    assert cli(argv) == 0
+    single = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli([*argv, f"--ensemble={twin}"]) == 0
+    scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scores["ensemble"] == [
+        {"workdir": workdir, "checkpoint": "latest"},
+        {"workdir": str(twin), "checkpoint": "latest"},
+    ]
+    # The same weights twice: the ensemble's mean probability is the model's own.
+    assert scores["bleu"] == single["bleu"]
+    assert scores["nll"] == pytest.approx(single["nll"], rel=1e-5)
+    out_dir = os.path.dirname(scores["hyp_file"])
+    assert os.path.basename(out_dir).startswith("ensemble2_")
+    with open(os.path.join(out_dir, "scores.json")) as f:
+        assert json.load(f) == scores
+    # Another vocabulary (trained on other text, same size) in the second member.
+    other_text = tmp_path / "other"
+    other_text.mkdir()
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    for lang in ("en", "de"):
+        (other_text / f"train.{lang}").write_text(
+            "".join(" ".join(words[i:] + words[:i]) + "\n" for i in range(10)) * 20
+        )
+    other_cfg = cfg.copy_and_resolve_references()
+    other_cfg.data.dir = str(other_text)
+    other_vocab = data.get_tokenizer(other_cfg.data, str(tmp_path / "vocab_run")).path
+    (model_file,) = glob.glob(str(twin / "vocab" / "*.model"))
+    shutil.copyfile(other_vocab, model_file)
+    assert cli([*argv, f"--ensemble={twin}"]) == 1
+    err = capsys.readouterr().err
+    assert "another vocabulary" in err and str(twin) in err and "Traceback" not in err
+    assert cli([*argv, f"--ensemble={tmp_path / 'nope'}"]) == 1
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_attention_capture_and_plots(run, loaded, tmp_path, capsys):

@@ -82,7 +82,11 @@ def run_greedy(tables, rows, max_lengths, *, max_decode_len):
 
 
 def np_logprobs(tables, row, prefix):
-    """log p(. | prefix) of the toy model, in float64, by replaying the prefix."""
+    """log p(. | prefix) of the toy model, in float64, by replaying the prefix. A tuple of tables
+    is an ensemble: the log of its members' mean probability."""
+    if isinstance(tables, tuple):
+        members = [np_logprobs(t, row, prefix) for t in tables]
+        return np.logaddexp.reduce(members, axis=0) - np.log(len(members))
     fed = (BOS_ID,) + tuple(prefix)
     t = len(prefix)
     count = min(fed[:t].count(A), N_COUNTS - 1)
@@ -448,3 +452,50 @@ def test_short_buffer_is_exact_where_complete(seed):
         assert bool(short.complete[b]) == (len(ends) <= 4)
         if short.complete[b]:
             np.testing.assert_array_equal(short.sequences[b], full[b, :4])
+
+
+# ---- ensembles ----------------------------------------------------------------------------------
+
+
+def test_ensemble_logits_are_the_log_of_the_mean_probability():
+    rng = np.random.default_rng(3)
+    a, b = (jnp.asarray(rng.standard_normal((2, VOCAB)), jnp.float32) for _ in range(2))
+    fns = [lambda ids, c, x=x: (x + 0.0 * ids, c + 1) for x in (a, b)]  # noqa: B023
+    ids = jnp.zeros((2, 1), jnp.int32)
+    out, caches = decode.ensemble_tokens_to_logits(fns)(ids, (jnp.array(0), jnp.array(10)))
+    pa, pb = (np.exp(np.asarray(x, np.float64) - np.logaddexp.reduce(x, -1, keepdims=True))
+              for x in (np.asarray(a, np.float64), np.asarray(b, np.float64)))  # fmt: skip
+    np.testing.assert_allclose(np.asarray(out), np.log((pa + pb) / 2), rtol=1e-5, atol=1e-6)
+    assert [int(c) for c in caches] == [1, 11]  # each member's cache, in order
+    # One member is the member itself (its program unchanged); none is an error.
+    assert decode.ensemble_tokens_to_logits(fns[:1]) is fns[0]
+    with pytest.raises(ValueError, match="at least one"):
+        decode.ensemble_tokens_to_logits([])
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_ensemble_beam_search_matches_numpy_mixture(alpha):
+    """Beam search over two toy models' ensemble == the numpy beam search over the mixture of
+    their distributions, which neither member's own search gives."""
+    t1, t2 = random_tables(seed=4, batch_size=3), random_tables(seed=5, batch_size=3)
+    max_lengths = [3, 5, 6]
+
+    @jax.jit
+    def run(t1, t2):
+        fn = decode.ensemble_tokens_to_logits(
+            [make_tokens_to_logits(t1), make_tokens_to_logits(t2)]
+        )
+        return decode.beam_search(
+            fn, (init_cache(3), init_cache(3)), batch_size=3, max_decode_len=6,
+            max_lengths=jnp.array(max_lengths), beam_size=4, alpha=alpha,
+        )[:2]  # fmt: skip
+
+    seqs, scores = run(jnp.asarray(t1), jnp.asarray(t2))
+    differs = 0
+    for b, max_len in enumerate(max_lengths):
+        ref = np_beam_search((t1, t2), b, max_len, beam_size=4, alpha=alpha)
+        assert [strip(seqs[b, k]) for k in range(4)] == [seq for seq, _ in ref], b
+        np.testing.assert_allclose(scores[b], [s for _, s in ref], rtol=1e-5)
+        alone = [[q for q, _ in np_beam_search(t, b, max_len, 4, alpha)] for t in (t1, t2)]
+        differs += [seq for seq, _ in ref] not in alone
+    assert differs  # the mixture's n-best lists are not just one member's

@@ -4,6 +4,7 @@ and the calls into decode/, eval/ and viz/attention.py, which know nothing of th
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sys
@@ -15,12 +16,14 @@ from tfm_jax import platform
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.cli import errors
 from tfm_jax.cli.log_setup import setup_logging
+from tfm_jax.config import paths
 from tfm_jax.config.build import build_config
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode.load import (
     InferenceError,
     check_workdir,
     default_checkpoint,
+    load_ensemble,
     load_for_inference,
 )
 from tfm_jax.decode.translate import translate_texts
@@ -54,15 +57,49 @@ def _cli(fn):
     return wrapper
 
 
-def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any, Tokenizer, str]:
+def _config(args, overrides) -> ml_collections.ConfigDict:
+    """--config (or the run's saved config) with the overrides, its platform settings applied."""
     check_workdir(args.workdir)
-    which = args.checkpoint or default_checkpoint(args.workdir)
     # A missing checkpoint is a CheckpointNotFoundError listing what the workdir holds.
     saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
     cfg = build_config(args.config, dict(overrides), saved)
     platform.init_runtime(cfg)  # the run's platform settings
+    return cfg
+
+
+def _setup(args, overrides) -> tuple[ml_collections.ConfigDict, Transformer, Any, Tokenizer, str]:
+    cfg = _config(args, overrides)
+    which = args.checkpoint or default_checkpoint(args.workdir)
     model, params, tokenizer = load_for_inference(args.workdir, which, cfg)
     return cfg, model, params, tokenizer, which
+
+
+def _setup_ensemble(args, overrides):
+    """_setup, plus the runs of --ensemble (each from the config it saved; the same --checkpoint,
+    or each one's default): (cfg, models, params, tokenizer, which, members). Without
+    --ensemble, model and params are the one run's and members is empty."""
+    others = [paths.resolve(w) for w in args.ensemble or []]
+    if not others:
+        return (*_setup(args, overrides), [])
+    cfg = _config(args, overrides)
+    for workdir in others:
+        check_workdir(workdir)
+    workdirs = [args.workdir, *others]
+    # The overrides are the first run's (they set decoding and data); every other member is
+    # built from its own saved config, so members of different shapes load as they were trained.
+    cfgs = [cfg] + [build_config(None, {}, ckpt_layout.read_config_json(w)) for w in others]
+    which = [args.checkpoint or default_checkpoint(w) for w in workdirs]
+    models, params, tokenizer = load_ensemble(workdirs, which, cfgs)
+    members = [{"workdir": w, "checkpoint": str(c)} for w, c in zip(workdirs, which, strict=True)]
+    return cfg, models, params, tokenizer, which[0], members
+
+
+def _ensemble_out_dir(workdir: str, members: list[dict]) -> str:
+    """<workdir>/eval/ensemble<N>_<hash of the members>: one folder per distinct ensemble."""
+    key = json.dumps(members, sort_keys=True).encode()
+    return os.path.join(
+        workdir, "eval", f"ensemble{len(members)}_{hashlib.sha256(key).hexdigest()[:8]}"
+    )
 
 
 def _read_lines(path: str | None) -> list[str]:
@@ -84,7 +121,7 @@ def cmd_translate(args, overrides: dict[str, str]) -> int:
     """Translates lines of --input (or stdin) to --output (or stdout), in order."""
     if args.input and not os.path.isfile(args.input):
         raise InferenceError(f"input file {args.input!r} does not exist")
-    cfg, model, params, tokenizer, _ = _setup(args, overrides)
+    cfg, model, params, tokenizer, _, _ = _setup_ensemble(args, overrides)
     lines = _read_lines(args.input)
     hyps = translate_texts(cfg, model, params, tokenizer, lines, greedy=args.greedy)
     text = "".join(h + "\n" for h in hyps)
@@ -107,8 +144,9 @@ def _parse_floats(text: str) -> list[float]:
 @_cli
 def cmd_evaluate(args, overrides: dict[str, str]) -> int:
     """BLEU, chrF, tokenized BLEU and perplexity on a split; scores.json, JSON printed last."""
-    cfg, model, params, tokenizer, which = _setup(args, overrides)
+    cfg, model, params, tokenizer, which, members = _setup_ensemble(args, overrides)
     alphas = _parse_floats(args.alphas) if args.alphas else None
+    out_dir = args.out or (_ensemble_out_dir(args.workdir, members) if members else None)
     scores = evaluate_split(
         cfg,
         model,
@@ -117,9 +155,10 @@ def cmd_evaluate(args, overrides: dict[str, str]) -> int:
         args.split,
         workdir=args.workdir,
         alphas=alphas,
-        out_dir=args.out,
+        out_dir=out_dir,
         checkpoint_name=which,
         greedy=args.greedy,
+        members=members,
     )
     print(json.dumps(scores))
     return 0
@@ -163,8 +202,18 @@ def add_commands(subparsers) -> None:
             f"(default: one per core, at most {cpu.MAX_AUTO_CPU_DEVICES}; 1 = one device)",
         )
 
+    def ensemble(p):
+        p.add_argument(
+            "--ensemble",
+            action="append",
+            metavar="WORKDIR",
+            help="another run to decode with, averaging the runs' next-token probabilities "
+            "(repeat for more; same vocabulary; same --checkpoint, or each one's default)",
+        )
+
     p = subparsers.add_parser("translate", help="translate lines of text (stdin -> stdout)")
     common(p)
+    ensemble(p)
     p.add_argument("--input", default=None, help="text file, one sentence a line (default stdin)")
     p.add_argument("--output", default=None, help="default stdout")
     p.add_argument("--greedy", action="store_true", help="argmax decoding instead of beam search")
@@ -172,11 +221,16 @@ def add_commands(subparsers) -> None:
 
     p = subparsers.add_parser("evaluate", help="BLEU / chrF / perplexity of a split")
     common(p)
+    ensemble(p)
     p.add_argument(
         "--split", required=True, help='"validation", "test" (the config\'s) or a split name'
     )
     p.add_argument("--alphas", default=None, help="comma-separated length penalties to compare")
-    p.add_argument("--out", default=None, help="default <workdir>/eval/<checkpoint>")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="default <workdir>/eval/<checkpoint> (an ensemble: <workdir>/eval/ensemble<N>_<id>)",
+    )
     p.add_argument("--greedy", action="store_true")
     p.set_defaults(fn=cmd_evaluate)
 

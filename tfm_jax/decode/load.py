@@ -1,4 +1,5 @@
-"""A run's model, params and vocabulary for decoding: "averaged", "latest" or a step (§6.1).
+"""A run's model, params and vocabulary for decoding: "averaged", "latest" or a step (§6.1);
+or several runs' at once, an ensemble sharing one vocabulary.
 
 A run trained with model.scan_layers comes back unrolled: the decoder's cache is per layer.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import ml_collections
@@ -95,3 +97,30 @@ def load_for_inference(
         model = trainer.model.clone(scan_layers=False)
         return model, transformer.unstack_layers(params, cfg.model.num_layers), tokenizer
     return trainer.model, params, tokenizer
+
+
+def load_ensemble(
+    workdirs: Sequence[str], which: Sequence[str | int], cfgs: Sequence[ml_collections.ConfigDict]
+) -> tuple[tuple[Transformer, ...], tuple[Any, ...], Tokenizer]:
+    """(models, params, tokenizer) of several runs, for decode/translate's ensembles.
+
+    Member i is checkpoint which[i] of workdirs[i] built with cfgs[i] (its own shape: members
+    may differ in size). They must share one vocabulary, compared by content (the pieces the
+    ids mean), not by file name; the first member's tokenizer is returned.
+    """
+    if not (len(workdirs) == len(which) == len(cfgs)) or not workdirs:
+        raise ValueError("load_ensemble needs one checkpoint and one config per workdir")
+    loaded = [
+        load_for_inference(w, c, cfg) for w, c, cfg in zip(workdirs, which, cfgs, strict=True)
+    ]
+    tokenizer = loaded[0][2]
+    for workdir, (_, _, other) in zip(workdirs[1:], loaded[1:], strict=True):
+        if other.content_hash != tokenizer.content_hash:
+            raise InferenceError(
+                f"ensemble member {workdir!r} has another vocabulary than {workdirs[0]!r} "
+                f"({other.path} against {tokenizer.path}); an ensemble's members must be "
+                "trained on one vocabulary (set --config.data.vocab_path to the same .model)"
+            )
+    models = tuple(m for m, _, _ in loaded)
+    params = tuple(p for _, p, _ in loaded)
+    return models, params, tokenizer

@@ -35,7 +35,8 @@ reorder and the attention over it all scale with the buffer length.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -49,6 +50,30 @@ TokensToLogits = Callable[[jax.Array, Cache], tuple[jax.Array, Cache]]
 
 # Finite, not -inf: scores of dead beams are added to and divided, and -inf - -inf would be NaN.
 NEG_INF = -1.0e7
+
+
+def ensemble_tokens_to_logits(fns: Sequence[TokensToLogits]) -> TokensToLogits:
+    """One TokensToLogits over several models: the log of their mean next-token probability.
+
+    The cache is the tuple of the members' caches. Averaging probabilities (not log-probs) is
+    what fairseq's ensemble does. A single member is returned as it is, so a one-model
+    "ensemble" runs exactly the one model's program.
+    """
+    fns = tuple(fns)
+    if not fns:
+        raise ValueError("an ensemble needs at least one member")
+    if len(fns) == 1:
+        return fns[0]
+    log_n = math.log(len(fns))
+
+    def tokens_to_logits(ids, caches):
+        outs = [fn(ids, cache) for fn, cache in zip(fns, caches, strict=True)]
+        logprobs = jnp.stack(
+            [jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1) for logits, _ in outs]
+        )  # [members, rows, vocab]
+        return jax.nn.logsumexp(logprobs, axis=0) - log_n, tuple(cache for _, cache in outs)
+
+    return tokens_to_logits
 
 
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:

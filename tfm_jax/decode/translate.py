@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 SRC_LEN_MULTIPLE = 16  # padded source lengths are multiples of this (one compile per bucket)
 
 # The distinct decoding programs asked for (jit compiles each once), recorded on the host
-# before each call: (model, rows, source length, max_decode_len, beam, alpha, greedy).
+# before each call: (models, rows, source length, max_decode_len, beam, alpha, greedy).
 _PROGRAMS: set[tuple] = set()
 # Sentences a first, short-buffer pass left unfinished (decoded again at full length).
 _REDECODED = [0]
@@ -99,23 +99,55 @@ def cached_tokens_to_logits(model: Transformer, params, encoded: jax.Array, inpu
     return tokens_to_logits
 
 
+Members = tuple  # the models of an ensemble, or their params, in the same order
+
+
+def as_members(model, params) -> tuple[Members, Members]:
+    """(models, params) as tuples: one model and its params, or an ensemble's, member by member.
+
+    translate_ids and translate_texts take either a Transformer and its params or sequences of
+    them (an ensemble: decode/search.ensemble_tokens_to_logits averages their probabilities).
+    """
+    if isinstance(model, Transformer):
+        return (model,), (params,)
+    models, params = tuple(model), tuple(params)
+    if not models or len(models) != len(params):
+        raise ValueError(
+            f"an ensemble needs one params tree per model: {len(models)} models, "
+            f"{len(params)} params"
+        )
+    return models, params
+
+
 @functools.partial(
-    jax.jit, static_argnames=("model", "beam_size", "alpha", "max_decode_len", "greedy")
+    jax.jit, static_argnames=("models", "beam_size", "alpha", "max_decode_len", "greedy")
 )
-def _search(params, inputs, max_lengths, *, model, beam_size, alpha, max_decode_len, greedy):
+def _search(params, inputs, max_lengths, *, models, beam_size, alpha, max_decode_len, greedy):
     """Source ids [rows, S] -> (best output ids [rows, max_decode_len] (EOS, then PAD),
-    complete [rows]: False where max_decode_len was too short for the search to end)."""
+    complete [rows]: False where max_decode_len was too short for the search to end).
+
+    `models` and `params` are tuples, one entry per ensemble member (one for a single model)."""
     rows = inputs.shape[0]
-    encoded = model.apply({"params": params}, inputs, method=Transformer.encode)  # [rows, S, d]
-    cache = init_cache(model, params, encoded, inputs, max_decode_len)
+    members = tuple(zip(models, params, strict=True))
+    encoded = [m.apply({"params": p}, inputs, method=Transformer.encode) for m, p in members]
+    caches = [
+        init_cache(m, p, e, inputs, max_decode_len)
+        for (m, p), e in zip(members, encoded, strict=True)
+    ]
+    cache = caches[0] if len(caches) == 1 else tuple(caches)
+    if not greedy:
+        # The encoders ran once per sentence; their outputs are repeated for the beams.
+        encoded, inputs = decode.expand_to_beams((encoded, inputs), beam_size)
+    fn = decode.ensemble_tokens_to_logits(
+        [
+            cached_tokens_to_logits(m, p, e, inputs)
+            for (m, p), e in zip(members, encoded, strict=True)
+        ]
+    )
     if greedy:
-        fn = cached_tokens_to_logits(model, params, encoded, inputs)
         return decode.greedy_search(
             fn, cache, batch_size=rows, max_decode_len=max_decode_len, max_lengths=max_lengths
         )
-    # The encoder ran once per sentence; its output is repeated for the beams.
-    encoded, inputs = decode.expand_to_beams((encoded, inputs), beam_size)
-    fn = cached_tokens_to_logits(model, params, encoded, inputs)
     out = decode.beam_search(
         fn,
         cache,
@@ -141,14 +173,15 @@ def _rows_per_batch(cfg: ml_collections.ConfigDict, src_len: int) -> int:
 
 
 def plan_batches(
-    cfg: ml_collections.ConfigDict, lengths: Sequence[int]
+    cfg: ml_collections.ConfigDict, lengths: Sequence[int], limit: int | None = None
 ) -> list[tuple[list[int], int, int]]:
     """Groups sentence indices by padded source length: [(indices, rows, src_len)].
 
-    `lengths` are source lengths incl. EOS (> 0). Within a bucket, full batches have the
-    bucket's row count; the remainder gets the next power of two (filled with dummy rows).
+    `lengths` are source lengths incl. EOS (> 0), at most `limit` (default source_limit(cfg)),
+    which also caps the padded length. Within a bucket, full batches have the bucket's row
+    count; the remainder gets the next power of two (filled with dummy rows).
     """
-    limit = source_limit(cfg)
+    limit = source_limit(cfg) if limit is None else limit
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     buckets: dict[int, list[int]] = {}
     for i in order:
@@ -166,7 +199,7 @@ def plan_batches(
 
 def translate_ids(
     cfg: ml_collections.ConfigDict,
-    model: Transformer,
+    model: Transformer | Sequence[Transformer],
     params,
     sources: Sequence[Sequence[int]],
     *,
@@ -183,6 +216,10 @@ def translate_ids(
     Output length is at most (source length incl. EOS) + max_extra_len (§6.1), and at most
     model.max_len (the position table).
 
+    `model` and `params` may be sequences, one entry per model of an ensemble (same vocabulary):
+    the search then follows the mean of their next-token probabilities, and the limits are the
+    smallest member's. cfg's data and decode settings apply to all of them.
+
     Batches are dispatched without waiting and spread round-robin over `devices` (default:
     every local device, each holding a copy of the params), so several devices, or several CPU
     devices on a multi-core host (JAX_NUM_CPU_DEVICES), decode different batches at once. With
@@ -193,8 +230,9 @@ def translate_ids(
     max_extra_len = cfg.decode.max_extra_len if max_extra_len is None else max_extra_len
     if greedy:
         beam_size, alpha = 1, 0.0  # not used: keep them out of the jit cache key
-    limit = source_limit(cfg)
-    out_limit = model.max_len
+    models, params = as_members(model, params)
+    out_limit = min(m.max_len for m in models)
+    limit = min(source_limit(cfg), out_limit)
     seqs: list[np.ndarray] = []
     truncated = []
     for n, ids in enumerate(sources):
@@ -225,7 +263,7 @@ def translate_ids(
     def run_plan(indices: list[int], short: bool) -> list[int]:
         """Decodes seqs[indices]; returns the indices a short buffer cut off."""
         pending = []
-        plan = plan_batches(cfg, [len(seqs[i]) for i in indices])
+        plan = plan_batches(cfg, [len(seqs[i]) for i in indices], limit)
         for n, (chunk, rows, src_len) in enumerate(plan):
             inputs = np.full((rows, src_len), PAD_ID, np.int32)
             # Dummy rows: all PAD and one output token, so they finish at the first step.
@@ -240,11 +278,11 @@ def translate_ids(
             if device is not None:
                 args = jax.device_put(args, device)
             max_decode_len = min(src_len + extra, out_limit)
-            _PROGRAMS.add((model, rows, src_len, max_decode_len, beam_size, float(alpha), greedy))
+            _PROGRAMS.add((models, rows, src_len, max_decode_len, beam_size, float(alpha), greedy))
             out = _search(
                 placed[n % len(devices)],
                 *args,
-                model=model,
+                models=models,
                 beam_size=beam_size,
                 alpha=float(alpha),
                 max_decode_len=max_decode_len,
@@ -273,7 +311,7 @@ def translate_ids(
 
 def translate_texts(
     cfg: ml_collections.ConfigDict,
-    model: Transformer,
+    model: Transformer | Sequence[Transformer],
     params,
     tokenizer: Tokenizer,
     texts: Sequence[str],
@@ -283,7 +321,9 @@ def translate_texts(
     max_extra_len: int | None = None,
     greedy: bool = False,
 ) -> list[str]:
-    """Detokenized translations of `texts`, in input order; an empty line gives an empty line."""
+    """Detokenized translations of `texts`, in input order; an empty line gives an empty line.
+
+    `model` and `params` may be an ensemble's (translate_ids)."""
     texts = [t.strip() for t in texts]
     sources = [
         ids if t else [] for t, ids in zip(texts, tokenizer.encode_batch(texts), strict=True)

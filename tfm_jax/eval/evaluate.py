@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import shutil
 import time
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from tfm_jax import data
@@ -19,6 +21,7 @@ from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode import translate
 from tfm_jax.eval import metrics
 from tfm_jax.model.transformer import Transformer
+from tfm_jax.train import losses
 from tfm_jax.train import trainer as train
 
 
@@ -27,13 +30,32 @@ def resolve_split(cfg: ml_collections.ConfigDict, name: str) -> str:
     return {"validation": cfg.data.eval_split, "test": cfg.data.test_split}.get(name, name)
 
 
+def ensemble_eval_step(params, batch, *, models, label_smoothing: float):
+    """train.eval_step's sums for an ensemble: the loss of the members' mean probability, the
+    distribution its beam search follows (decode/search.ensemble_tokens_to_logits)."""
+    logprobs = jnp.stack([
+        jax.nn.log_softmax(
+            train.model_forward(m, p, batch, deterministic=True).astype(jnp.float32), axis=-1
+        )
+        for m, p in zip(models, params, strict=True)
+    ])  # fmt: skip
+    mean = jax.nn.logsumexp(logprobs, axis=0) - math.log(len(models))
+    return losses.cross_entropy_sums(mean, batch["targets"], label_smoothing)
+
+
 def perplexity(cfg, model, params, tokenizer, split: str) -> dict[str, float]:
     """Per-token NLL and perplexity of the references (teacher forcing), as in Table 3: the
-    training loop's own implementation (train.perplexity) over the model being decoded."""
-    step = jax.jit(
-        functools.partial(train.eval_step, model=model, label_smoothing=cfg.loss.label_smoothing)
-    )
-    return train.perplexity(step, params, data.make_eval_batches(cfg.data, tokenizer, split))
+    training loop's own implementation (train.perplexity) over the model being decoded, or
+    over an ensemble's mean probability when `model` and `params` are sequences."""
+    models, params = translate.as_members(model, params)
+    smoothing = cfg.loss.label_smoothing
+    if len(models) == 1:
+        step = functools.partial(train.eval_step, model=models[0], label_smoothing=smoothing)
+        params = params[0]
+    else:
+        step = functools.partial(ensemble_eval_step, models=models, label_smoothing=smoothing)
+    batches = data.make_eval_batches(cfg.data, tokenizer, split)
+    return train.perplexity(jax.jit(step), params, batches)
 
 
 def _alpha_name(alpha: float) -> str:
@@ -42,7 +64,7 @@ def _alpha_name(alpha: float) -> str:
 
 def evaluate_split(
     cfg: ml_collections.ConfigDict,
-    model: Transformer,
+    model: Transformer | Sequence[Transformer],
     params,
     tokenizer: Tokenizer,
     split: str,
@@ -52,6 +74,7 @@ def evaluate_split(
     out_dir: str | None = None,
     checkpoint_name: str = "averaged",
     greedy: bool = False,
+    members: Sequence[dict] = (),
 ) -> dict:
     """Decodes `split`, scores it and writes hypotheses and scores.json under out_dir.
 
@@ -60,6 +83,8 @@ def evaluate_split(
     "by_alpha" and the top-level scores are the best alpha's by sacreBLEU: choose alpha on the
     validation split, as the paper did (§6.1), not on the test split.
     Out_dir defaults to <workdir>/eval/<checkpoint_name>.
+    `model` and `params` may be an ensemble's (decode/translate.py); `members` then describes
+    them ({"workdir", "checkpoint"} each), recorded in scores.json as "ensemble".
     """
     alphas = tuple(alphas) if alphas else (cfg.decode.alpha,)
     name = resolve_split(cfg, split)
@@ -109,6 +134,8 @@ def evaluate_split(
         num_sentences=len(sources),
         target_lang=cfg.data.target_lang,
     )
+    if members:
+        scores["ensemble"] = [dict(m) for m in members]
     if len(alphas) > 1:
         scores["by_alpha"] = by_alpha
         scores["alpha_selection"] = (
