@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -99,10 +100,7 @@ def cached_tokens_to_logits(model: Transformer, params, encoded: jax.Array, inpu
     return tokens_to_logits
 
 
-Members = tuple  # the models of an ensemble, or their params, in the same order
-
-
-def as_members(model, params) -> tuple[Members, Members]:
+def as_members(model, params) -> tuple[tuple[Transformer, ...], tuple[Any, ...]]:
     """(models, params) as tuples: one model and its params, or an ensemble's, member by member.
 
     translate_ids and translate_texts take either a Transformer and its params or sequences of
