@@ -128,13 +128,10 @@ def test_plan_batches_shapes(random_model):
 def test_ensemble_of_a_model_with_itself_decodes_as_the_model(random_model):
     cfg, model, params = random_model
     sources = [[5, 9, 12], [7], [30, 31, 32, 33, 34, 35], [4, 4]]
-    for greedy in (False, True):
-        one = translate.translate_ids(cfg, model, params, sources, max_extra_len=6, greedy=greedy)
-        two = translate.translate_ids(
-            cfg, (model, model), (params, params), sources, max_extra_len=6, greedy=greedy
-        )
-        for a, b in zip(one, two, strict=True):
-            np.testing.assert_array_equal(a, b)
+    one = translate.translate_ids(cfg, model, params, sources, max_extra_len=6)
+    two = translate.translate_ids(cfg, (model, model), (params, params), sources, max_extra_len=6)
+    for a, b in zip(one, two, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_ensemble_follows_the_mean_of_its_members_probabilities(random_model):
@@ -153,37 +150,47 @@ def test_ensemble_follows_the_mean_of_its_members_probabilities(random_model):
     assert any(
         not all(np.array_equal(o, s[i]) for s in singles) for i, o in enumerate(outs)
     )  # the ensemble's outputs are not simply one member's
-    for ids, out in zip(sources, outs, strict=True):
-        inputs = jnp.asarray([ids + [EOS_ID]], jnp.int32)
-        prefix = jnp.asarray([[BOS_ID, *out[:-1]]], jnp.int32)
-        probs = 0.0
-        for m, p in zip(models, both, strict=True):
-            encoded = m.apply({"params": p}, inputs, method=Transformer.encode)
-            logits = m.apply({"params": p}, encoded, inputs, prefix, method=Transformer.decode)
-            probs += jax.nn.softmax(translate.mask_special_logits(logits[0]).astype(jnp.float32))
-        np.testing.assert_array_equal(np.argmax(np.asarray(probs), -1), out)
+    # Teacher forcing on the outputs, all sentences in one padded batch (PAD keys are masked,
+    # and causal attention keeps the padding after a sentence out of its earlier positions).
+    inputs = np.zeros((len(sources), 8), np.int32)
+    prefix = np.zeros((len(sources), 16), np.int32)
+    for r, (ids, out) in enumerate(zip(sources, outs, strict=True)):
+        inputs[r, : len(ids) + 1] = [*ids, EOS_ID]
+        prefix[r, : len(out)] = [BOS_ID, *out[:-1]]
+    probs = np.asarray(mean_probability(both, inputs, prefix, models=models))
+    for r, out in enumerate(outs):
+        np.testing.assert_array_equal(np.argmax(probs[r, : len(out)], -1), out)
+
+
+@functools.partial(jax.jit, static_argnames=("models",))
+def mean_probability(params, inputs, prefix, *, models):
+    """The members' mean next-token probability at every position of `prefix` (full forward)."""
+    probs = 0.0
+    for m, p in zip(models, params, strict=True):
+        encoded = m.apply({"params": p}, inputs, method=Transformer.encode)
+        logits = m.apply({"params": p}, encoded, inputs, prefix, method=Transformer.decode)
+        probs += jax.nn.softmax(translate.mask_special_logits(logits).astype(jnp.float32))
+    return probs / len(models)
 
 
 def test_ensemble_perplexity_is_of_the_mean_probability(random_model):
     from tfm_jax.eval import evaluate
 
     cfg, model, params = random_model
-    other_params = nn.unbox(
-        jax.jit(model.init)(jax.random.PRNGKey(12), jnp.ones((1, 8), jnp.int32),
-                            jnp.ones((1, 8), jnp.int32))["params"]
-    )  # fmt: skip
     rng = np.random.default_rng(1)
+    other_params = jax.tree.map(  # another model: the same weights, perturbed
+        lambda x: x + 0.3 * rng.standard_normal(x.shape).astype(x.dtype), params
+    )
     targets = rng.integers(4, cfg.model.vocab_size, (3, 7)).astype(np.int32)
     targets[0, 5:] = 0  # padding
     batch = {"inputs": jnp.asarray(rng.integers(4, 64, (3, 6)), jnp.int32),
              "targets": jnp.asarray(targets)}  # fmt: skip
-    sums = evaluate.ensemble_eval_step(
-        (params, other_params), batch, models=(model, model), label_smoothing=0.0
-    )
-    probs = [
-        np.asarray(jax.nn.softmax(train.model_forward(model, p, batch, deterministic=True)), float)
-        for p in (params, other_params)
-    ]
+    step = jax.jit(functools.partial(evaluate.ensemble_eval_step, models=(model, model),
+                                     label_smoothing=0.0))  # fmt: skip
+    sums = step((params, other_params), batch)
+    forward = jax.jit(lambda p: jax.nn.softmax(train.model_forward(model, p, batch,
+                                                                  deterministic=True)))  # fmt: skip
+    probs = [np.asarray(forward(p), float) for p in (params, other_params)]
     label_p = [np.take_along_axis(q, targets[..., None], -1)[..., 0] for q in probs]
     mask = targets != 0
     expected = -np.log((label_p[0] + label_p[1]) / 2)[mask].sum()
