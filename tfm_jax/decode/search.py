@@ -52,6 +52,13 @@ TokensToLogits = Callable[[jax.Array, Cache], tuple[jax.Array, Cache]]
 NEG_INF = -1.0e7
 
 
+def mean_probability_logits(logits: Sequence[jax.Array]) -> jax.Array:
+    """log(mean_i softmax(logits[i])) over the last axis: several models' next-token logits
+    combined into the log of their mean probability (normalized log-probs, float32)."""
+    logprobs = jnp.stack([jax.nn.log_softmax(x.astype(jnp.float32), axis=-1) for x in logits])
+    return jax.nn.logsumexp(logprobs, axis=0) - math.log(len(logits))
+
+
 def ensemble_tokens_to_logits(fns: Sequence[TokensToLogits]) -> TokensToLogits:
     """One TokensToLogits over several models: the log of their mean next-token probability.
 
@@ -64,14 +71,11 @@ def ensemble_tokens_to_logits(fns: Sequence[TokensToLogits]) -> TokensToLogits:
         raise ValueError("an ensemble needs at least one member")
     if len(fns) == 1:
         return fns[0]
-    log_n = math.log(len(fns))
 
     def tokens_to_logits(ids, caches):
         outs = [fn(ids, cache) for fn, cache in zip(fns, caches, strict=True)]
-        logprobs = jnp.stack(
-            [jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1) for logits, _ in outs]
-        )  # [members, rows, vocab]
-        return jax.nn.logsumexp(logprobs, axis=0) - log_n, tuple(cache for _, cache in outs)
+        logits = mean_probability_logits([x for x, _ in outs])  # [rows, vocab]
+        return logits, tuple(cache for _, cache in outs)
 
     return tokens_to_logits
 

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
 import shutil
 import time
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from tfm_jax import data
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.decode import translate
+from tfm_jax.decode import search, translate
 from tfm_jax.eval import metrics
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.train import losses
@@ -33,13 +31,10 @@ def resolve_split(cfg: ml_collections.ConfigDict, name: str) -> str:
 def ensemble_eval_step(params, batch, *, models, label_smoothing: float):
     """train.eval_step's sums for an ensemble: the loss of the members' mean probability, the
     distribution its beam search follows (decode/search.ensemble_tokens_to_logits)."""
-    logprobs = jnp.stack([
-        jax.nn.log_softmax(
-            train.model_forward(m, p, batch, deterministic=True).astype(jnp.float32), axis=-1
-        )
+    mean = search.mean_probability_logits([
+        train.model_forward(m, p, batch, deterministic=True)
         for m, p in zip(models, params, strict=True)
     ])  # fmt: skip
-    mean = jax.nn.logsumexp(logprobs, axis=0) - math.log(len(models))
     return losses.cross_entropy_sums(mean, batch["targets"], label_smoothing)
 
 
