@@ -55,6 +55,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -69,6 +70,7 @@ from table3_report import write_table  # noqa: E402
 
 from tfm_jax.config import paths  # noqa: E402
 from tfm_jax.config.build import load_config_module  # noqa: E402
+from tfm_jax.platform import host  # noqa: E402
 
 # The rows (and the paper's numbers) live in the config file the runs are started with.
 TABLE3_CONFIG = load_config_module(os.path.join(REPO, "configs", "table3.py"))
@@ -236,24 +238,72 @@ def parallel_env(parallel: int) -> dict:
     return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / parallel:.3f}"}
 
 
-def run_cmd(args: list[str], log_path: str, env: dict | None = None) -> str:
-    """Runs `python -m tfm_jax ...`, teeing output to a log; returns stdout's last line."""
+def run_cmd(
+    args: list[str], log_path: str, env: dict | None = None, program: list[str] | None = None
+) -> str:
+    """Runs `python -m tfm_jax ...`, teeing output to a log; returns stdout's last line.
+
+    A command the kernel killed (SIGKILL: on Linux most often its out-of-memory killer) while
+    the CPU malloc tunables were on runs once more without them: they hold the heap at its
+    high-water mark, which the small preset's A32 row takes past 24 GB (4.9 GB without them,
+    the same numbers; tfm_jax/platform/host.py). A train resumes from its last checkpoint.
+    """
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    program = program or [sys.executable, "-m", "tfm_jax"]
+    proc = _run_logged(program, args, log_path, env)
+    retried = False
+    if proc.returncode == -signal.SIGKILL and host.child_has_tunables(env):
+        note = (
+            f"`python -m tfm_jax {args[0]}` was killed (SIGKILL), most often by the kernel's "
+            "out-of-memory killer; running it again with TFM_JAX_MALLOC_TUNABLES=0 (a smaller "
+            "heap, slower CPU steps, the same numbers)"
+        )
+        print(f"{log_path}: {note}", flush=True)
+        with open(log_path, "a") as log:
+            log.write(note + "\n")
+        retried = True
+        proc = _run_logged(program, args, log_path, host.without_malloc_tunables(env))
+    if proc.returncode != 0:
+        without = retried or not host.child_has_tunables(env)
+        raise RuntimeError(failure_message(args[0], proc.returncode, log_path, without))
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _run_logged(program: list[str], args: list[str], log_path: str, env: dict):
     with open(log_path, "a") as log:
         log.write(f"$ python -m tfm_jax {' '.join(args)}\n")
         log.flush()
         proc = subprocess.run(
-            [sys.executable, "-m", "tfm_jax", *args],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
+            [*program, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True
         )
         log.write(proc.stdout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"`python -m tfm_jax {args[0]}` failed; see {log_path}")
-    return proc.stdout.strip().splitlines()[-1]
+    return proc
+
+
+def failure_message(
+    command: str, returncode: int, log_path: str, without_tunables: bool = False
+) -> str:
+    """What a failed `python -m tfm_jax COMMAND` says: its exit status or signal, and its log."""
+    if returncode >= 0:
+        return f"`python -m tfm_jax {command}` failed (exit status {returncode}); see {log_path}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    msg = f"`python -m tfm_jax {command}` was killed by {name}; see {log_path}"
+    if -returncode == signal.SIGKILL:
+        msg += (
+            ". A SIGKILL leaves no traceback: on Linux it is most often the kernel's "
+            "out-of-memory killer (`dmesg` says). The log's RSS lines show the memory it "
+            "reached; rerunning the sweep resumes the run from its last checkpoint"
+        )
+        msg += (
+            ". It was killed without the CPU malloc tunables too: this run needs a host "
+            "with more memory"
+            if without_tunables
+            else ", with less memory under TFM_JAX_MALLOC_TUNABLES=0 in the environment"
+        )
+    return msg
 
 
 def workdir_of(root: str, row: str, seed: int) -> str:

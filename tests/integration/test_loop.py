@@ -114,6 +114,19 @@ def test_nan_stops_training_without_a_nan_checkpoint(corpus, tmp_path, monkeypat
     assert checkpoint.Checkpointer(tmp_path, every_steps=0, every_secs=0, keep=5).all_steps() == [4]
 
 
+def test_memory_near_the_hosts_limit_is_warned_once(corpus, tmp_path, monkeypatch, caplog):
+    # A SIGKILL from the kernel leaves no traceback: the log must say beforehand.
+    from tfm_jax.platform import host
+
+    monkeypatch.setattr(host, "memory_limit_bytes", lambda: 2**20)  # 1 MB: always near it
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 4, "train.log_every_steps": 1})
+    with caplog.at_level("WARNING", logger="tfm_jax.train.loop"):
+        loop.train_and_evaluate(cfg, str(tmp_path))
+    warned = [r.getMessage() for r in caplog.records if "the kernel may kill it" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("step 1: resident memory"), warned
+    assert "of the 0.0 GB this process may use" in warned[0]
+
+
 def test_corrupt_newest_checkpoint_falls_back_and_resumes(corpus, tmp_path):
     cfg = tiny_run_config(corpus, **{"train.num_steps": 8})
     loop.train_and_evaluate(cfg, str(tmp_path))

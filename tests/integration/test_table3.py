@@ -6,6 +6,7 @@ import csv
 import importlib.util
 import json
 import os
+import sys
 
 import pytest
 from helpers import REPO
@@ -134,3 +135,56 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     assert h.main([f"--find_budget={runs / 'base' / 'seed0'}"]) == 0
     budget = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert budget["evals"] == 1 and budget["plateau_step"] is None  # one point: no plateau
+
+
+# A stand-in for `python -m tfm_jax`: records each call's environment, then is killed like the
+# kernel's out-of-memory killer kills (SIGKILL) while the malloc tunables are on (or always).
+FAKE_TFM = """
+import os, signal, sys
+env = os.environ
+with open(sys.argv[-1], "a") as f:
+    f.write(env.get("TFM_JAX_MALLOC_TUNABLES", "1") + "|" + env.get("GLIBC_TUNABLES", "") + "\\n")
+if sys.argv[-2] == "exit3":
+    sys.exit(3)
+if sys.argv[-2] == "always" or os.environ.get("TFM_JAX_MALLOC_TUNABLES") != "0":
+    os.kill(os.getpid(), signal.SIGKILL)
+print("finished")
+"""
+
+
+def fake_run(h, tmp_path, mode, env, name=None):
+    calls, log = tmp_path / f"calls_{name or mode}", tmp_path / f"log_{name or mode}.txt"
+    fake = [sys.executable, "-c", FAKE_TFM]
+    try:
+        return h.run_cmd(["train", mode, str(calls)], str(log), env, program=fake), calls, log
+    finally:
+        assert calls.exists()
+
+
+def test_a_run_killed_with_the_malloc_tunables_runs_again_without_them(tmp_path, capsys):
+    from tfm_jax.platform import host
+
+    h = load_harness()
+    ours = ":".join(host.TUNABLES)
+    with_tunables = {"GLIBC_TUNABLES": ours, "TFM_JAX_MALLOC_TUNABLES": "1"}
+    out, calls, log = fake_run(h, tmp_path, "oom", with_tunables)
+    assert out == "finished"
+    assert calls.read_text().splitlines() == [f"1|{ours}", "0|"]  # the second without them
+    assert "was killed (SIGKILL)" in capsys.readouterr().out
+    assert "running it again with TFM_JAX_MALLOC_TUNABLES=0" in log.read_text()
+
+    with pytest.raises(RuntimeError) as e:
+        fake_run(h, tmp_path, "always", with_tunables)
+    assert "was killed by SIGKILL" in str(e.value) and "out-of-memory killer" in str(e.value)
+    assert "needs a host with more memory" in str(e.value)
+    assert len((tmp_path / "calls_always").read_text().splitlines()) == 2  # retried once only
+
+    with pytest.raises(RuntimeError, match=r"failed \(exit status 3\); see .*log_exit3.txt"):
+        fake_run(h, tmp_path, "exit3", with_tunables)
+    assert len((tmp_path / "calls_exit3").read_text().splitlines()) == 1  # not a kill: no retry
+
+    # Started without them (the user's opt-out): nothing to retry, and the message says why.
+    opted_out = {"TFM_JAX_MALLOC_TUNABLES": "0", "GLIBC_TUNABLES": ""}
+    with pytest.raises(RuntimeError, match="needs a host with more memory"):
+        fake_run(h, tmp_path, "always", opted_out, name="opted_out")
+    assert len((tmp_path / "calls_opted_out").read_text().splitlines()) == 1

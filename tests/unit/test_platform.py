@@ -118,3 +118,34 @@ def test_compilation_cache_setting(tmp_path, monkeypatch):
         assert platform.init_runtime(cfg).compilation_cache_dir is None
     finally:
         jax.config.update("jax_compilation_cache_dir", previous)
+
+
+def test_memory_warning_names_the_limit_and_the_remedy():
+    gb = 2**30
+    assert hostenv.memory_warning(20 * gb, 24 * gb, tunables=True) is None  # 83%: below 85%
+    assert hostenv.memory_warning(20 * gb, None, tunables=True) is None  # limit unknown
+    msg = hostenv.memory_warning(21 * gb, 24 * gb, tunables=True)
+    assert "21.0 GB is 88% of the 24.0 GB" in msg and "SIGKILL" in msg
+    assert "TFM_JAX_MALLOC_TUNABLES=0" in msg
+    msg = hostenv.memory_warning(23 * gb, 24 * gb, tunables=False)
+    assert "TFM_JAX_MALLOC_TUNABLES" not in msg and "optim.accumulate_steps" in msg
+    limit = hostenv.memory_limit_bytes()
+    assert limit is None or 2**26 < limit < 2**60
+
+
+def test_a_child_without_the_tunables_keeps_the_users_own():
+    ours = ":".join(hostenv.TUNABLES)
+    assert hostenv.tunables_active({"GLIBC_TUNABLES": ours})
+    assert not hostenv.tunables_active({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
+    assert hostenv.child_has_tunables({"GLIBC_TUNABLES": ours})  # inherited: no re-exec needed
+    assert not hostenv.child_has_tunables({"TFM_JAX_MALLOC_TUNABLES": "0"})
+    env = hostenv.without_malloc_tunables(
+        {"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0:" + ours, "A": "b"}
+    )
+    assert env == {
+        "GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0",
+        "TFM_JAX_MALLOC_TUNABLES": "0",
+        "A": "b",
+    }
+    assert not hostenv.child_has_tunables(env)
+    assert "GLIBC_TUNABLES" not in hostenv.without_malloc_tunables({"GLIBC_TUNABLES": ours})

@@ -15,7 +15,13 @@ re-execute themselves once with these glibc tunables:
   resident set stays at the run's high-water mark, and one arena fragments more. Measured:
   the base bench process peaks at 7.6 GB (7.0 GB without), but a 40-step small-config `train`
   at 9.2 GB (2.1 GB without; it reaches that in its first steps and stays flat) for 1.35x the
-  tokens/s. On a small-memory host, opt out;
+  tokens/s. The growth is not bounded by the step's temporaries: the small Table 3 preset's A32
+  row (32 heads of 4; XLA's temporaries 4.1 GB) passed 21 GB in its first 50 steps and was
+  killed by the kernel on a 24 GB host, and peaked at 4.9 GB without the tunables, with the same
+  losses to the last printed digit. On a small-memory host, opt out. The training loop warns
+  once its resident memory passes 85% of what the host (or its cgroup) allows
+  (`memory_warning`), and experiments/table3.py runs a command the kernel killed once more
+  without the tunables;
 - `glibc.malloc.hugetlb=1` (glibc >= 2.35): the heap is backed by transparent huge pages.
 
 Base f32 step: 13.7 s with none, 10.3 s with huge pages only (1.7 s of kernel time a step),
@@ -112,3 +118,70 @@ def resident_bytes() -> tuple[int, int]:
     except (OSError, ValueError, IndexError):
         current = 0
     return current, max(peak, current)  # the kernel updates its high-water mark lazily
+
+
+# The share of the host's memory at which the training loop warns (once) that the kernel may
+# kill it: a SIGKILL leaves no traceback, so the log must say why beforehand.
+MEMORY_WARN_FRACTION = 0.85
+
+
+def memory_limit_bytes() -> int | None:
+    """The most memory this process may hold: the host's physical memory, or its cgroup's limit
+    when that is lower (a container); None where neither can be read."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 2**60:  # "max" or a huge number: no limit
+            limits.append(int(text))
+    return min(limits) if limits else None
+
+
+def tunables_active(environ: dict[str, str] | None = None) -> bool:
+    """Whether this process runs with the tunables that keep the heap's high-water mark."""
+    environ = os.environ if environ is None else environ
+    current = set(environ.get("GLIBC_TUNABLES", "").split(":"))
+    return all(t in current for t in TUNABLES[:3])
+
+
+def child_has_tunables(environ: dict[str, str]) -> bool:
+    """Whether a `python -m tfm_jax` started with this environment runs with the tunables."""
+    return malloc_env(environ) is not None or tunables_active(environ)
+
+
+def without_malloc_tunables(environ: dict[str, str]) -> dict[str, str]:
+    """The environment for a child that must run without the tunables (a smaller heap)."""
+    env = dict(environ, TFM_JAX_MALLOC_TUNABLES="0")
+    kept = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t not in TUNABLES]
+    if kept:
+        env["GLIBC_TUNABLES"] = ":".join(kept)
+    else:
+        env.pop("GLIBC_TUNABLES", None)
+    return env
+
+
+def memory_warning(rss: int, limit: int | None, tunables: bool) -> str | None:
+    """The warning to log when resident memory `rss` nears `limit` (bytes), or None."""
+    if not limit or rss < MEMORY_WARN_FRACTION * limit:
+        return None
+    msg = (
+        f"resident memory {rss / 2**30:.1f} GB is {rss / limit:.0%} of the {limit / 2**30:.1f} GB "
+        "this process may use: the kernel may kill it (SIGKILL, no traceback). "
+    )
+    if tunables:
+        return msg + (
+            "The malloc tunables keep the heap at its high-water mark (tfm_jax/platform/host.py); "
+            "if it is killed, resume it with TFM_JAX_MALLOC_TUNABLES=0 in the environment "
+            "(~1.35x slower steps on CPU, often a fraction of the memory, the same numbers)"
+        )
+    return msg + (
+        "For less memory at the same tokens an update, start a new run with data.tokens_per_batch "
+        "halved and optim.accumulate_steps and train.num_steps (which counts micro-batches) doubled"
+    )

@@ -22,7 +22,7 @@ import numpy as np
 
 from tfm_jax import data
 from tfm_jax.checkpoint import manager as checkpoint
-from tfm_jax.platform.host import resident_bytes
+from tfm_jax.platform import host as host_memory
 from tfm_jax.train import losses, preemption, resume, sharding
 from tfm_jax.train.trainer import CompiledStep, Trainer, TrainState, make_trainer, perplexity
 
@@ -227,6 +227,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
     t_log = time.time()
     metrics: dict[str, Any] = {}
+    memory_limit, memory_warned = host_memory.memory_limit_bytes(), False
 
     def check_finite(step_metrics, at_step):
         loss = float(jax.device_get(step_metrics["loss"]))
@@ -267,7 +268,13 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 host = losses.normalize_metrics(jax.device_get(acc))
                 dt = time.time() - t_log
                 updates = step // cfg.optim.accumulate_steps
-                rss, peak_rss = resident_bytes()
+                rss, peak_rss = host_memory.resident_bytes()
+                memory_warning = host_memory.memory_warning(
+                    rss, memory_limit, host_memory.tunables_active()
+                )
+                if memory_warning and not memory_warned:
+                    log.warning("step %d: %s", step, memory_warning)
+                    memory_warned = True
                 metrics = {
                     **host,
                     "lr": float(trainer.schedule(max(updates - 1, 0))),
