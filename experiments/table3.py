@@ -270,14 +270,20 @@ def run_cmd(
 
 
 def _run_logged(program: list[str], args: list[str], log_path: str, env: dict):
+    """Runs one command with stderr and stdout appended to the log as they come (a run cut
+    short, or a sweep killed, still shows its progress lines there)."""
     with open(log_path, "a") as log:
         log.write(f"$ python -m tfm_jax {' '.join(args)}\n")
         log.flush()
-        proc = subprocess.run(
+        with subprocess.Popen(
             [*program, *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log, text=True
-        )
-        log.write(proc.stdout)
-    return proc
+        ) as proc:
+            lines = []
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                lines.append(line)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines))
 
 
 def failure_message(

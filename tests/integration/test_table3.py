@@ -188,3 +188,35 @@ def test_a_run_killed_with_the_malloc_tunables_runs_again_without_them(tmp_path,
     with pytest.raises(RuntimeError, match="needs a host with more memory"):
         fake_run(h, tmp_path, "always", opted_out, name="opted_out")
     assert len((tmp_path / "calls_opted_out").read_text().splitlines()) == 1
+
+
+def test_a_runs_output_reaches_its_log_while_it_runs(tmp_path):
+    # A sweep killed mid-run (a GPU lease ending, a timeout) must still leave the progress lines.
+    import threading
+    import time
+
+    h = load_harness()
+    marker, log = tmp_path / "go_on", tmp_path / "log.txt"
+    child = (
+        "import os, sys, time\n"
+        "print('step 50/1200 loss 7.0')\n"
+        "t = time.time()\n"
+        "while not os.path.exists(sys.argv[-1]) and time.time() - t < 60: time.sleep(0.05)\n"
+        "print('{\"ppl\": 6.9}')\n"
+    )
+    out = {}
+    thread = threading.Thread(
+        target=lambda: out.update(
+            last=h.run_cmd(["train", str(marker)], str(log), program=[sys.executable, "-c", child])
+        )
+    )
+    thread.start()
+    deadline = time.time() + 30
+    while not (log.exists() and "step 50/1200" in log.read_text()):
+        assert time.time() < deadline, "the progress line is not in the log while the run runs"
+        time.sleep(0.05)
+    assert thread.is_alive()  # still running: the line came before the end
+    marker.touch()
+    thread.join(60)
+    assert out["last"] == '{"ppl": 6.9}'
+    assert log.read_text().endswith('step 50/1200 loss 7.0\n{"ppl": 6.9}\n')
