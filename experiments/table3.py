@@ -251,8 +251,8 @@ def run_cmd(
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     program = program or [sys.executable, "-m", "tfm_jax"]
     proc = _run_logged(program, args, log_path, env)
-    retried = False
-    if proc.returncode == -signal.SIGKILL and host.child_has_tunables(env):
+    had_tunables, retried = host.child_has_tunables(env), False
+    if proc.returncode == -signal.SIGKILL and had_tunables:
         note = (
             f"`python -m tfm_jax {args[0]}` was killed (SIGKILL), most often by the kernel's "
             "out-of-memory killer; running it again with TFM_JAX_MALLOC_TUNABLES=0 (a smaller "
@@ -264,7 +264,7 @@ def run_cmd(
         retried = True
         proc = _run_logged(program, args, log_path, host.without_malloc_tunables(env))
     if proc.returncode != 0:
-        without = retried or not host.child_has_tunables(env)
+        without = retried or not had_tunables
         raise RuntimeError(failure_message(args[0], proc.returncode, log_path, without))
     return proc.stdout.strip().splitlines()[-1]
 

@@ -43,6 +43,8 @@ TUNABLES = (
     f"glibc.malloc.trim_threshold={2**40}",
     "glibc.malloc.hugetlb=1",
 )
+# The three that keep the heap at its high-water mark (huge pages alone do not).
+HEAP_TUNABLES = TUNABLES[:3]
 
 
 def _glibc_has_hugetlb_tunable() -> bool:
@@ -148,7 +150,7 @@ def tunables_active(environ: dict[str, str] | None = None) -> bool:
     """Whether this process runs with the tunables that keep the heap's high-water mark."""
     environ = os.environ if environ is None else environ
     current = set(environ.get("GLIBC_TUNABLES", "").split(":"))
-    return all(t in current for t in TUNABLES[:3])
+    return all(t in current for t in HEAP_TUNABLES)
 
 
 def child_has_tunables(environ: dict[str, str]) -> bool:

@@ -227,7 +227,9 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
     t_log = time.time()
     metrics: dict[str, Any] = {}
-    memory_limit, memory_warned = host_memory.memory_limit_bytes(), False
+    # read once: neither the host's memory nor this process's malloc settings change
+    memory_limit, tunables = host_memory.memory_limit_bytes(), host_memory.tunables_active()
+    memory_warned = False
 
     def check_finite(step_metrics, at_step):
         loss = float(jax.device_get(step_metrics["loss"]))
@@ -269,12 +271,11 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 dt = time.time() - t_log
                 updates = step // cfg.optim.accumulate_steps
                 rss, peak_rss = host_memory.resident_bytes()
-                memory_warning = host_memory.memory_warning(
-                    rss, memory_limit, host_memory.tunables_active()
-                )
-                if memory_warning and not memory_warned:
-                    log.warning("step %d: %s", step, memory_warning)
-                    memory_warned = True
+                if not memory_warned:
+                    warning = host_memory.memory_warning(rss, memory_limit, tunables)
+                    if warning:
+                        log.warning("step %d: %s", step, warning)
+                        memory_warned = True
                 metrics = {
                     **host,
                     "lr": float(trainer.schedule(max(updates - 1, 0))),
