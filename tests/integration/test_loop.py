@@ -119,12 +119,19 @@ def test_memory_near_the_hosts_limit_is_warned_once(corpus, tmp_path, monkeypatc
     from tfm_jax.platform import host
 
     monkeypatch.setattr(host, "memory_limit_bytes", lambda: 2**20)  # 1 MB: always near it
-    cfg = tiny_run_config(corpus, **{"train.num_steps": 4, "train.log_every_steps": 1})
+    monkeypatch.setattr(host, "cpu_has_bf16", lambda: False)  # a CPU without bf16 instructions
+    cfg = tiny_run_config(
+        corpus,
+        **{"train.num_steps": 4, "train.log_every_steps": 1, "model.dtype": "bfloat16"},
+    )
     with caplog.at_level("WARNING", logger="tfm_jax.train.loop"):
         loop.train_and_evaluate(cfg, str(tmp_path))
     warned = [r.getMessage() for r in caplog.records if "the kernel may kill it" in r.getMessage()]
     assert len(warned) == 1 and warned[0].startswith("step 1: resident memory"), warned
     assert "of the 0.0 GB this process may use" in warned[0]
+    messages = [r.getMessage() for r in caplog.records]
+    slow_bf16 = [m for m in messages if "without bf16 instructions" in m]
+    assert len(slow_bf16) == 1 and "--config.model.dtype=float32" in slow_bf16[0], slow_bf16
 
 
 def test_corrupt_newest_checkpoint_falls_back_and_resumes(corpus, tmp_path):

@@ -149,3 +149,25 @@ def test_a_child_without_the_tunables_keeps_the_users_own():
     }
     assert not hostenv.child_has_tunables(env)
     assert "GLIBC_TUNABLES" not in hostenv.without_malloc_tunables({"GLIBC_TUNABLES": ours})
+
+
+ZEN3_CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma\n"
+XEON_CPUINFO = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+ARM_CPUINFO = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_cpu_bf16_support_is_read_from_the_cpuinfo_flags():
+    assert hostenv.cpu_has_bf16(ZEN3_CPUINFO) is False
+    assert hostenv.cpu_has_bf16(XEON_CPUINFO) is True
+    assert hostenv.cpu_has_bf16(ARM_CPUINFO) is True
+    assert hostenv.cpu_has_bf16("processor\t: 0\n") is None  # no flags line: unknown
+    assert hostenv.cpu_has_bf16() in (True, False, None)  # this machine's own file
+
+
+def test_bf16_warning_only_for_bf16_on_a_cpu_without_it():
+    msg = hostenv.bf16_warning("bfloat16", "cpu", has_bf16=False)
+    assert "without bf16 instructions" in msg and "--config.model.dtype=float32" in msg
+    assert hostenv.bf16_warning("float32", "cpu", has_bf16=False) is None
+    assert hostenv.bf16_warning("bfloat16", "cpu", has_bf16=True) is None
+    assert hostenv.bf16_warning("bfloat16", "cpu", has_bf16=None) is None  # unknown: say nothing
+    assert hostenv.bf16_warning("bfloat16", "gpu", has_bf16=False) is None

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from tfm_jax import data
+from tfm_jax import data, platform
 from tfm_jax.checkpoint import manager as checkpoint
 from tfm_jax.platform import host as host_memory
 from tfm_jax.train import losses, preemption, resume, sharding
@@ -230,6 +230,12 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     # read once: neither the host's memory nor this process's malloc settings change
     memory_limit, tunables = host_memory.memory_limit_bytes(), host_memory.tunables_active()
     memory_warned = False
+    if lead:
+        bf16_note = host_memory.bf16_warning(
+            cfg.model.dtype, platform.backend(), host_memory.cpu_has_bf16()
+        )
+        if bf16_note:
+            log.warning(bf16_note)
 
     def check_finite(step_metrics, at_step):
         loss = float(jax.device_get(step_metrics["loss"]))
