@@ -72,6 +72,7 @@ import numpy as np  # noqa: E402
 from tfm_jax.checkpoint import layout  # noqa: E402
 from tfm_jax.config import paths  # noqa: E402
 from tfm_jax.config.build import build_config, split_overrides  # noqa: E402
+from tfm_jax.model.flops import matmul_flops  # noqa: E402
 from tfm_jax.train import sharding  # noqa: E402
 from tfm_jax.train import trainer as train  # noqa: E402
 
@@ -154,27 +155,6 @@ def synthetic_batch(batch: int, length: int, vocab: int, seed: int = 0) -> dict[
     rng = np.random.default_rng(seed)
     ids = lambda: rng.integers(4, vocab, size=(batch, length)).astype(np.int32)  # noqa: E731
     return {"inputs": ids(), "targets": ids()}
-
-
-def matmul_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
-    """Analytic matmul FLOPs of one train step (3x forward: forward + two backward products).
-
-    A cross-check on XLA's cost analysis, which also counts elementwise work (softmax, LayerNorm,
-    Adam); the two should agree to within a few percent for the base model.
-    """
-    m = model_cfg
-    d, h, dk, dv, ff, n = m.d_model, m.num_heads, m.d_k, m.d_v, m.d_ff, m.num_layers
-    S, T = batch * src_len, batch * tgt_len  # noqa: N806
-    proj = lambda tok: 2 * tok * d * h * (2 * dk + dv) + 2 * tok * h * dv * d  # noqa: E731
-    enc = proj(S) + 2 * batch * h * src_len * src_len * (dk + dv) + 4 * S * d * ff
-    dec_self = proj(T) + 2 * batch * h * tgt_len * tgt_len * (dk + dv)
-    dec_cross = (
-        2 * T * d * h * dk + 2 * S * d * h * (dk + dv) + 2 * T * h * dv * d
-        + 2 * batch * h * tgt_len * src_len * (dk + dv)
-    )  # fmt: skip
-    dec = dec_self + dec_cross + 4 * T * d * ff
-    logits = 2 * T * d * m.vocab_size
-    return 3.0 * (n * (enc + dec) + logits)
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str], dict[str, int]]:

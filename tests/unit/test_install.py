@@ -46,8 +46,8 @@ def declared_install_requires():
     return _requirements(_setup_cfg()["options"]["install_requires"])
 
 
-def declared_test_extra():
-    return _requirements(_setup_cfg()["options.extras_require"]["test"])
+def declared_test_extra(extra: str = "test"):
+    return _requirements(_setup_cfg()["options.extras_require"][extra])
 
 
 def constraint_lines():
@@ -135,9 +135,13 @@ def test_constraints_do_not_pin_the_project_or_the_installer():
     assert not {"pip", "setuptools", "wheel"} & set(pinned)
 
 
-@pytest.mark.parametrize("extra", ["install_requires", "test"])
+# the compile extras too: CI installs them (tests/integration/test_compile.py)
+@pytest.mark.parametrize("extra", ["install_requires", "test", "tpu", "cuda12-compile"])
 def test_every_declared_requirement_is_pinned_inside_its_range(extra):
-    reqs = declared_install_requires() if extra == "install_requires" else declared_test_extra()
+    if extra == "install_requires":
+        reqs = declared_install_requires()
+    else:
+        reqs = declared_test_extra(extra)
     pinned = pins()
     for req in reqs:
         if req.marker is not None and not req.marker.evaluate():
@@ -151,7 +155,7 @@ def test_every_declared_requirement_is_pinned_inside_its_range(extra):
 
 def test_ci_installs_with_the_lock():
     with open(os.path.join(REPO, ".ci", "run"), encoding="utf-8") as f:
-        installs = [line for line in f if "pip install" in line and ".[test]" in line]
+        installs = [line for line in f if "pip install" in line and ".[test" in line]
     assert installs and all("-c constraints.txt" in line for line in installs), installs
 
 

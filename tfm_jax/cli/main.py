@@ -1,4 +1,4 @@
-"""Thin CLI: `python -m tfm_jax train|evaluate|translate|average|attention|params ...`.
+"""Thin CLI: `python -m tfm_jax train|evaluate|translate|average|attention|params|compile ...`.
 
 Configs: `--config=configs/small.py` (or `configs/table3.py:C256` for a Table 3 row), then any
 number of `--config.section.key=value` overrides. A mistyped key is an error naming the closest
@@ -171,9 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", default=None, help="default: <workdir>/learning_curves.png")
         p.set_defaults(fn=cmd_plot)
 
+        from tfm_jax.cli import fit as fit_cli  # compile
         from tfm_jax.cli import inference as inference_cli  # translate, evaluate, attention
 
         inference_cli.add_commands(sub)
+        fit_cli.add_command(sub)
 
         args = parser.parse_args(argv)
         paths.resolve_args(args)  # once, here: every command below sees absolute local paths

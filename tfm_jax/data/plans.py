@@ -248,3 +248,26 @@ def pack_plan(
     return _plan(
         np.zeros(num_batches, np.int64), np.full(num_batches, shape.batch_size), lens, pairs
     )
+
+
+# ----------------------------------------------------------------------------- without data
+
+
+def config_shapes(cfg: ml_collections.ConfigDict, unit: int, packing: bool | None = None):
+    """Global batch shapes [(rows, S, T)] from the data config alone, for compiling without the
+    data (the `compile` command): the data's own shapes need its lengths (make_buckets).
+
+    Packed: one row length of data.packed_length on both sides (the real short side is scaled
+    down by the split's token ratio, packed_shape). Bucketed: data.num_buckets lengths spaced
+    evenly up to data.max_len, the same length on both sides, each with the rows the token
+    budget gives (the real bounds follow the length distribution). The longest shape is the
+    worst case for memory: attention's B*L^2 = tokens_per_batch * L grows with L.
+    """
+    packing = cfg.packing if packing is None else packing
+    m = cfg.length_multiple
+    if packing:
+        lengths = [int(_round_up(cfg.packed_length, m))]
+    else:
+        n = max(1, int(cfg.num_buckets))
+        lengths = sorted({int(_round_up(-(-cfg.max_len * (i + 1) // n), m)) for i in range(n)})
+    return [(_rows_for(length, cfg.tokens_per_batch, unit), length, length) for length in lengths]

@@ -56,12 +56,28 @@ class Runtime:
 _product_name: str = "auto"  # set by init_runtime; "auto" resolves on first use
 
 
-def _resolve_product(name: str) -> str:
+def platform_of(devices) -> str:
+    """ "cpu", "gpu" or "tpu": the platform of the devices a program is compiled for, which may
+    not be the host's (compile-only devices of a TPU topology on a CPU host, platform/targets.py).
+    """
+    names = {d.platform for d in devices}
+    if len(names) != 1:
+        raise ValueError(f"devices of several platforms: {sorted(names)}")
+    name = names.pop()
+    return "gpu" if name in ("cuda", "rocm") else name
+
+
+def _resolve_product(name: str, target: str | None = None) -> str:
     if name not in PRODUCTS:
         raise ValueError(f"platform.product={name!r}: use one of {', '.join(PRODUCTS)}")
     if name == "auto":
-        return "cpu_canonical" if backend() == "cpu" else "einsum"
+        return "cpu_canonical" if (target or backend()) == "cpu" else "einsum"
     return name
+
+
+def resolved_product() -> str:
+    """The product `matmul.einsum` traces with now: "einsum" or "cpu_canonical"."""
+    return _resolve_product(_product_name)
 
 
 def product() -> Callable:
@@ -73,8 +89,9 @@ def product() -> Callable:
     return plain_product
 
 
-def dropout_prng(name: str) -> str:
-    """`train.dropout_prng` with "auto" resolved: threefry_fused on CPU, threefry elsewhere.
+def dropout_prng(name: str, target: str | None = None) -> str:
+    """`train.dropout_prng` with "auto" resolved for `target` (default: the host's backend):
+    threefry_fused on CPU, threefry elsewhere.
 
     Both draw the same bits (tests/unit/test_prng.py), so "auto" never changes a run's numbers.
     """
@@ -82,7 +99,7 @@ def dropout_prng(name: str) -> str:
         raise ValueError(f"train.dropout_prng={name!r}: use one of {', '.join(DROPOUT_PRNGS)}")
     if name != "auto":
         return name
-    return "threefry_fused" if backend() == "cpu" else "threefry"
+    return "threefry_fused" if (target or backend()) == "cpu" else "threefry"
 
 
 def default_cache_dir() -> str:
@@ -124,18 +141,21 @@ def split_cpu_devices(n: int | None) -> None:
         cpu.split_cpu_devices(n)
 
 
-def init_runtime(cfg: Any = None) -> Runtime:
+def init_runtime(cfg: Any = None, target: str | None = None) -> Runtime:
     """Resolves and applies this process's platform choices; call once, before any step runs.
 
     cfg: a config with a `platform` section (product, compilation_cache), or None for the
-    defaults.
+    defaults. target: the platform the programs are compiled for ("cpu", "gpu", "tpu") when it
+    is not the host's backend (`python -m tfm_jax compile --target=...` on a CPU host); "auto"
+    choices then resolve for it.
     """
     global _product_name
     settings = getattr(cfg, "platform", None) if cfg is not None else None
     product_setting = settings.product if settings is not None else "auto"
     cache_setting = settings.compilation_cache if settings is not None else "auto"
-    _product_name = product_setting
+    # resolved now, for the target: "auto" left as is would resolve against the host at trace time
+    _product_name = _resolve_product(product_setting, target) if target else product_setting
     cache_dir = _setup_compilation_cache(cache_setting)
-    runtime = Runtime(backend(), _resolve_product(product_setting), cache_dir)
+    runtime = Runtime(target or backend(), _resolve_product(_product_name), cache_dir)
     log.debug("platform: %s", runtime)
     return runtime

@@ -18,6 +18,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from tfm_jax import platform
+
 log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "model")
@@ -76,7 +78,14 @@ def make_mesh(data: int = -1, model: int = 1, devices: Sequence | None = None) -
             f"mesh.data={data} x mesh.model={model} = {data * model} devices, but {n} are "
             "available: set mesh.data=-1 to use them all, or make the product match"
         )
-    if jax.process_count() > 1 or len(devices) == jax.device_count():
+    # A whole set of devices (this run's, or a compile-only topology's, whose platform is not
+    # the host's) is laid out by its physical topology (TPU torus, GPU nodes); a CPU subset is
+    # taken in order.
+    if (
+        jax.process_count() > 1
+        or len(devices) == jax.device_count()
+        or platform.platform_of(devices) != platform.backend()
+    ):
         from jax.experimental import mesh_utils
 
         grid = mesh_utils.create_device_mesh((data, model), devices=devices)

@@ -18,6 +18,7 @@ import optax
 from jax.sharding import Mesh
 
 from tfm_jax import platform
+from tfm_jax.model import flops
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.train import losses, optim, prng, sharding
 
@@ -127,7 +128,7 @@ class CompiledStep:
     """
 
     executable: jax.stages.Compiled
-    flops: float  # one step, all devices; 0.0 where XLA gives no count
+    flops: float  # one step, all devices: XLA's count, else the analytic one
     lower_s: float  # tracing + lowering to HLO
     compile_s: float  # XLA's compilation alone
 
@@ -135,21 +136,49 @@ class CompiledStep:
         return self.executable(state, batch)
 
 
-def step_flops(lowered: jax.stages.Lowered, compiled: jax.stages.Compiled, devices: int) -> float:
-    """Model FLOPs of one step from XLA's cost analysis: the whole program's, before partitioning.
+def xla_flops(lowered: jax.stages.Lowered, compiled: jax.stages.Compiled, devices: int) -> float:
+    """FLOPs of one step, all devices, from XLA's cost analysis; 0.0 where XLA gives none.
 
-    Lowered.cost_analysis is None where the backend is a PJRT plugin (CUDA): there the compiled
-    program's count is used, which is per device (the SPMD-partitioned program).
+    Lowered.cost_analysis is the whole program's, before partitioning; it is None where the
+    backend is a PJRT plugin or the devices are compile-only: there the compiled program's count
+    is used, which is per device (the SPMD-partitioned program). XLA:GPU gives neither.
     """
-    try:
-        cost, scale = lowered.cost_analysis(), 1
-        if cost is None:
-            cost, scale = compiled.cost_analysis(), devices
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-        return float(cost.get("flops", 0.0)) * scale
-    except Exception as e:  # noqa: BLE001  (metadata for logs, never a reason to stop)
-        log.warning("no FLOP count for the train step: %s", e)
-        return 0.0
+    for cost, scale in ((lowered, 1), (compiled, devices)):
+        try:
+            got = cost.cost_analysis()
+        except Exception:  # noqa: BLE001  (metadata, never a reason to stop)
+            continue
+        got = got[0] if isinstance(got, (list, tuple)) and got else got
+        if got and float(got.get("flops", 0.0)) > 0:
+            return float(got["flops"]) * scale
+    return 0.0
+
+
+def step_flops(
+    lowered: jax.stages.Lowered,
+    compiled: jax.stages.Compiled,
+    devices: int,
+    analytic: float = 0.0,
+    scanned: bool = False,
+) -> float:
+    """Model FLOPs of one step: XLA's count, else `analytic` (model/flops.py's), never 0 for a
+    step with work in it.
+
+    scanned: the layers run as one loop (model.scan_layers). XLA's cost analysis counts a while
+    loop's body once, so it misses every layer after the first: the analytic count is used.
+    """
+    counted = 0.0 if scanned and analytic else xla_flops(lowered, compiled, devices)
+    if counted:
+        return counted
+    if not analytic:
+        log.warning("no FLOP count for the train step")
+    return float(analytic)
+
+
+def batch_flops(cfg: ml_collections.ConfigDict, batch: Batch) -> float:
+    """model/flops.py's analytic count of a train step on this (global) batch's shape."""
+    rows, src_len = batch["inputs"].shape
+    return flops.matmul_flops(cfg.model, rows, src_len, batch["targets"].shape[1])
 
 
 @dataclasses.dataclass
@@ -201,7 +230,13 @@ class Trainer:
             report(f"lowered in {lowered_at - start:.1f} s; compiling")
             compiled = lowered.compile(compiler_options=compiler_options or None)
             done = time.perf_counter()
-        flops = step_flops(lowered, compiled, self.mesh.devices.size)
+        flops = step_flops(
+            lowered,
+            compiled,
+            self.mesh.devices.size,
+            batch_flops(self.cfg, batch),
+            scanned=bool(self.cfg.model.scan_layers),
+        )
         return CompiledStep(compiled, flops, lowered_at - start, done - lowered_at)
 
     def eval_step(self, params, batch: Batch):
@@ -217,6 +252,15 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
     they are split the same way.
     """
     mesh = mesh or sharding.make_mesh(cfg.mesh.data, cfg.mesh.model)
+    target = platform.platform_of(mesh.devices.flat)  # compile-only devices: not the host's
+    if target != "cpu" and platform.resolved_product() == "cpu_canonical":
+        log.warning(
+            "the %s mesh is traced with the CPU product (platform.product resolved on this "
+            "host): call platform.init_runtime(cfg, target=%r) first for the %s program",
+            target,
+            target,
+            target,
+        )
     model = make_model(cfg)
     tx, schedule = optim.make_optimizer_and_schedule(**cfg.optim)  # the loop logs schedule
 
@@ -247,7 +291,7 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
         model=model,
         tx=tx,
         label_smoothing=cfg.loss.label_smoothing,
-        dropout_prng=platform.dropout_prng(cfg.train.dropout_prng),
+        dropout_prng=platform.dropout_prng(cfg.train.dropout_prng, target),
     )
     train_step_fn = jax.jit(
         step,
