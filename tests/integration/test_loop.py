@@ -3,6 +3,7 @@ compilation (and one compile record) per batch shape, the 2-process jax.distribu
 end to end: test_readme.py)."""
 
 import dataclasses
+import gzip
 import json
 import os
 import signal
@@ -257,6 +258,14 @@ def test_two_process_distributed_matches_one_process(corpus, tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_o, e) in zip(procs, outs, strict=False):
         assert p.returncode == 0, e[-3000:]
+    # One log: process 0 alone prints progress, warnings and the first lines naming the platform
+    (out0, err0), (out1, err1) = outs
+    assert [ln.split()[1] for ln in out0.splitlines() if ln.startswith("step ")] == [
+        "1/4", "2/4", "3/4", "4/4"]  # fmt: skip
+    assert not [ln for ln in out1.splitlines() if ln.startswith("step ")], out1
+    assert "platform: cpu (cpu), process 0 of 2, 2 devices (1 local)" in err0, err0
+    assert "mesh: data=2 x model=1; compute: float32" in err0, err0
+    assert not [ln for ln in err1.splitlines() if ln.startswith(("INFO", "WARNING"))], err1
 
     def losses(workdir):
         with open(workdir / "metrics.jsonl") as f:
@@ -298,3 +307,23 @@ def test_prepare_then_train_does_not_tokenize_the_training_split_again(
     with open(workdir / "metrics.jsonl") as f:
         steps = [r["step"] for r in map(json.loads, f) if r["kind"] == "train"]
     assert steps[-1] == 4, steps
+
+
+def test_profile_steps_write_a_trace_of_those_steps(corpus, tmp_path, caplog):
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 5, "train.profile_steps": (2, 3)})
+    with caplog.at_level("INFO", logger="tfm_jax"):
+        loop.train_and_evaluate(cfg, str(tmp_path))
+    runs = list((tmp_path / "profile" / "plugins" / "profile").iterdir())
+    assert len(runs) == 1, runs  # one trace window
+    files = {f.name: f.stat().st_size for f in runs[0].iterdir()}
+    xplane = [n for n in files if n.endswith(".xplane.pb")]
+    assert xplane and files[xplane[0]] > 1000, files  # TensorBoard's profile plugin reads it
+    assert files.get("perfetto_trace.json.gz", 0) > 100, files  # ui.perfetto.dev reads it
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("profile: steps 2 to 3 traced into") for m in messages), messages
+    assert any(m.startswith("platform: cpu (") for m in messages), messages  # the first lines
+    # exactly steps 2 and 3, each one StepTraceAnnotation (the profile plugin's step view)
+    with gzip.open(runs[0] / "perfetto_trace.json.gz") as f:
+        events = json.load(f)["traceEvents"]
+    steps = sorted(e["args"]["step_num"] for e in events if e.get("name") == "train")
+    assert steps == ["2", "3"], steps

@@ -30,6 +30,27 @@ def _not_orbax_read_only(record: logging.LogRecord) -> bool:
     return "read only" not in record.getMessage()
 
 
+class _PrimaryOnly(logging.Filter):
+    """Drops records below ERROR: on every process but 0, so a run has one log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+def only_errors_unless_primary(process_index: int) -> None:
+    """On processes other than 0 of a multi-host run, keep only errors (and Python warnings,
+    routed through logging, are dropped with the rest): progress, warnings and notices come
+    from process 0, while each process's own errors still reach its own stderr."""
+    if process_index == 0:
+        return
+    logging.captureWarnings(True)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _StderrHandler) and not any(
+            isinstance(f, _PrimaryOnly) for f in handler.filters
+        ):
+            handler.addFilter(_PrimaryOnly())
+
+
 def setup_logging() -> None:
     """One handler, on the root logger, so records still propagate (pytest's caplog sees them)
     and each is written once; tfm_jax at INFO, everything else at the root's WARNING. Also

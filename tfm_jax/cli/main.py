@@ -14,7 +14,7 @@ import sys
 
 from tfm_jax import platform
 from tfm_jax.cli import errors
-from tfm_jax.cli.log_setup import setup_logging
+from tfm_jax.cli.log_setup import only_errors_unless_primary, setup_logging
 from tfm_jax.config import paths
 from tfm_jax.config.build import build_config, load_config_module, split_overrides
 
@@ -86,24 +86,26 @@ def cmd_train(args, overrides) -> int:
     """Trains (or resumes from the newest checkpoint in --workdir) to train.num_steps."""
     from tfm_jax.train import loop, sharding
 
-    sharding.maybe_initialize_distributed(
+    process = sharding.maybe_initialize_distributed(
         args.coordinator_address, args.num_processes, args.process_id
     )
+    only_errors_unless_primary(process)  # one log a run: process 0's
     cfg = build_config(args.config, overrides)
     paths.resolve_config_paths(cfg, workdir=args.workdir_typed)
     platform.init_runtime(cfg)
     metrics = loop.train_and_evaluate(cfg, args.workdir)
-    print(json.dumps({"workdir": args.workdir, **metrics}))
+    print(json.dumps({"workdir": args.workdir, **metrics}))  # each process's own result
     if metrics.get("stopped_by"):
         from tfm_jax.train import preemption
 
-        print(
-            f"{metrics['stopped_by']}: stopped at step {metrics['step']} of "
-            f"{cfg.train.num_steps} with checkpoint {metrics['step']} saved in {args.workdir}; "
-            "run the same command to resume",
-            file=sys.stderr,
-            flush=True,
-        )
+        if process == 0:
+            print(
+                f"{metrics['stopped_by']}: stopped at step {metrics['step']} of "
+                f"{cfg.train.num_steps} with checkpoint {metrics['step']} saved in "
+                f"{args.workdir}; run the same command to resume",
+                file=sys.stderr,
+                flush=True,
+            )
         return preemption.EXIT_CODES[metrics["stopped_by"]]
     return 0
 

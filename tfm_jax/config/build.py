@@ -67,7 +67,7 @@ def parse_override_value(cfg: ml_collections.ConfigDict, dotted: str, text: str)
         if kind in (tuple, list, dict):
             return kind(ast.literal_eval(text))
         return text
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError):  # TypeError: tuple(5) for "5"
         raise ConfigError(
             f"--config.{dotted}={text!r}: expected a {kind.__name__} like the default"
         ) from None

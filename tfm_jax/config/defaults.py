@@ -67,6 +67,9 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.train.checkpoint_every_secs = 600.0  # §6.1 "checkpoints written at 10-minute intervals"
     cfg.train.keep_checkpoints = 20  # big models average the last 20 (§6.1)
     cfg.train.average_last = 5  # §6.1 base averages the last 5 checkpoints
+    # (A, B): a jax.profiler trace of steps A to B, both included, in <workdir>/profile on
+    # process 0 (train/profile.py); () traces nothing. E.g. --config.train.profile_steps=10,15
+    cfg.train.profile_steps = ()
 
     cfg.decode = ml_collections.ConfigDict()
     cfg.decode.beam_size = 4  # §6.1

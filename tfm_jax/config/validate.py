@@ -158,6 +158,16 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
             f"train.dropout_prng={cfg.train.dropout_prng!r}: use 'auto' (default), "
             "'threefry_fused', 'threefry', 'rbg' or 'unsafe_rbg'"
         )
+    steps = tuple(cfg.train.get("profile_steps", ()))
+    if steps and not (
+        len(steps) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in steps)
+        and 1 <= steps[0] <= steps[1]
+    ):
+        raise ConfigError(
+            f"train.profile_steps={steps!r}: give two steps A,B with 1 <= A <= B (the trace "
+            "holds steps A to B), e.g. --config.train.profile_steps=10,15; () traces nothing"
+        )
     if "platform" in cfg and cfg.platform.product not in PRODUCTS:
         raise ConfigError(
             f"platform.product={cfg.platform.product!r}: use 'auto' (default), 'einsum' or "

@@ -22,8 +22,10 @@ import numpy as np
 
 from tfm_jax import data, platform
 from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.platform import cluster, report
 from tfm_jax.platform import host as host_memory
 from tfm_jax.train import losses, preemption, resume, sharding
+from tfm_jax.train.profile import Profiler
 from tfm_jax.train.trainer import CompiledStep, Trainer, TrainState, make_trainer, perplexity
 
 log = logging.getLogger(__name__)
@@ -61,6 +63,34 @@ def pin_vocabulary(cfg: ml_collections.ConfigDict, tokenizer: data.Tokenizer):
     return cfg
 
 
+def log_platform(cfg: ml_collections.ConfigDict, trainer: Trainer) -> None:
+    """The run's first lines: backend, processes, devices, mesh, dtype (native or not) and each
+    device's memory; then a warning for accelerators this node's processes leave idle, and for
+    bf16 on a CPU that emulates it."""
+    backend, local = platform.backend(), jax.local_devices()
+    native = report.bf16_native(backend, local[0], host_memory.cpu_has_bf16())
+    for line in report.run_header(
+        backend=backend,
+        device_kind=local[0].device_kind,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        global_devices=jax.device_count(),
+        local_devices=len(local),
+        mesh_shape=dict(trainer.mesh.shape),
+        dtype=cfg.model.dtype,
+        native=native,
+        memory=report.device_memory(local),
+        host_memory_bytes=host_memory.memory_limit_bytes(),
+    ):
+        log.info("%s", line)
+    idle = cluster.layout_warning(backend, len(local), *cluster.node_layout())
+    if idle:
+        log.warning("%s", idle)
+    slow_bf16 = host_memory.bf16_warning(cfg.model.dtype, backend, native)
+    if slow_bf16:
+        log.warning("%s", slow_bf16)
+
+
 def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     """Vocabulary, mesh, model, data iterators and the (restored or fresh) train state.
 
@@ -80,6 +110,8 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     tokenizer = data.get_tokenizer(cfg.data, workdir)
     cfg = pin_vocabulary(cfg, tokenizer)
     trainer = make_trainer(cfg)
+    if jax.process_index() == 0:
+        log_platform(cfg, trainer)
     dp = sharding.data_parallel_size(trainer.mesh)
     if dp % jax.process_count():
         raise ValueError(f"mesh.data={dp} must be a multiple of the {jax.process_count()} hosts")
@@ -158,10 +190,16 @@ class Progress:
         done = step - self.start
         elapsed = time.time() - self.t0
         eta = elapsed / max(done, 1) * (self.total - step)
+        if "device_bytes" in m:  # an accelerator's memory, not the host's
+            memory = (
+                f"device {m['device_bytes'] / 2**30:.1f} GB (peak "
+                f"{m['device_peak_bytes'] / 2**30:.1f} of {m['device_limit_bytes'] / 2**30:.1f})"
+            )
+        else:
+            memory = f"RSS {m['rss_bytes'] / 2**30:.1f} GB (peak {m['peak_rss_bytes'] / 2**30:.1f})"
         line = (
             f"step {step}/{self.total} loss {m['loss']:.3f} ppl {m['ppl']:.2f} "
-            f"{m['target_tokens_per_s']:.0f} tok/s RSS {m['rss_bytes'] / 2**30:.1f} GB "
-            f"(peak {m['peak_rss_bytes'] / 2**30:.1f}) ETA {eta / 60:.1f} min"
+            f"{m['target_tokens_per_s']:.0f} tok/s {memory} ETA {eta / 60:.1f} min"
         )
         if self.tty:
             width = 20
@@ -230,12 +268,8 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     # read once: neither the host's memory nor this process's malloc settings change
     memory_limit, tunables = host_memory.memory_limit_bytes(), host_memory.tunables_active()
     memory_warned = False
-    if lead:
-        bf16_note = host_memory.bf16_warning(
-            cfg.model.dtype, platform.backend(), host_memory.cpu_has_bf16()
-        )
-        if bf16_note:
-            log.warning(bf16_note)
+    local_devices = jax.local_devices()
+    profiler = Profiler(cfg.train.profile_steps, run.workdir, enabled=lead)
 
     def check_finite(step_metrics, at_step):
         loss = float(jax.device_get(step_metrics["loss"]))
@@ -260,8 +294,11 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 # throughput is of steps: the compile time is in its own record
                 t_log += steps_by_shape[shape].lower_s + steps_by_shape[shape].compile_s
             compiled = steps_by_shape[shape]
-            state, m = compiled(state, batch)
+            profiler.before(step + 1, state)
+            with profiler.annotate(step + 1):
+                state, m = compiled(state, batch)
             step += 1
+            profiler.after(step, state)
             # device-side running sums: no host transfer except on log steps
             acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
             acc_real += int(np.count_nonzero(local["inputs"])) + int(
@@ -292,9 +329,12 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                     "flops_per_s": acc_flops / dt,
                     "rss_bytes": rss,
                     "peak_rss_bytes": peak_rss,
+                    # accelerators' own counters (None on CPU, where RSS is the memory)
+                    **(report.device_memory(local_devices) or {}),
                 }
                 writer.write(step, "train", metrics)
-                progress.update(step, metrics)
+                if lead:
+                    progress.update(step, metrics)
                 acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
                 t_log = time.time()
 
@@ -322,6 +362,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 log.info("%s: saved step %d; stopping", stop.name, step)
                 break
     finally:
+        profiler.close(state)
         run.checkpointer.wait()
         stop.__exit__()
         writer.close()

@@ -39,6 +39,7 @@ SAFE_KEYS = (
     "train.checkpoint_every_secs",
     "train.keep_checkpoints",
     "train.average_last",
+    "train.profile_steps",
     "data.num_workers",
     "data.tfds_data_dir",
     "data.token_cache_dir",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -19,6 +18,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tfm_jax import platform
+from tfm_jax.platform import cluster
 
 log = logging.getLogger(__name__)
 
@@ -29,11 +29,13 @@ def maybe_initialize_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
-) -> None:
-    """Joins a multi-host run when one is configured; a no-op on a single host.
+) -> int:
+    """Joins a multi-host run when one is configured (a no-op on a single host); returns this
+    process's index.
 
-    Explicit arguments (e.g. a 2-process run on localhost) win; otherwise SLURM, Open MPI and TPU
-    pod environments are detected by `jax.distributed.initialize()` itself. Set
+    Explicit arguments (e.g. a 2-process run on localhost) win; otherwise SLURM, Open MPI and
+    multi-host TPU environments are detected (platform/cluster.py decides the local devices
+    under SLURM, where JAX alone would give each process one GPU), and JAX finds the rest. Set
     TFM_JAX_DISTRIBUTED=1 to force auto-detection where no such variable is visible.
     """
     if coordinator_address:
@@ -46,21 +48,13 @@ def maybe_initialize_distributed(
             num_processes=num_processes,
             process_id=process_id,
         )
-    elif (
-        os.environ.get("TFM_JAX_DISTRIBUTED") == "1"
-        or int(os.environ.get("SLURM_NTASKS", "1")) > 1
-        or int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
-    ):
-        jax.distributed.initialize()
     else:
-        return
-    log.info(
-        "jax.distributed: process %d of %d, %d local / %d global devices",
-        jax.process_index(),
-        jax.process_count(),
-        jax.local_device_count(),
-        jax.device_count(),
-    )
+        kwargs = cluster.distributed_kwargs()
+        if kwargs is None:
+            return 0
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only SLURM jobs
+        jax.distributed.initialize(**kwargs)
+    return jax.process_index()  # the run's first lines (platform.describe) say the rest
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence | None = None) -> Mesh:
