@@ -290,6 +290,11 @@ def failure_message(
     command: str, returncode: int, log_path: str, without_tunables: bool = False
 ) -> str:
     """What a failed `python -m tfm_jax COMMAND` says: its exit status or signal, and its log."""
+    if returncode == 75:  # tfm_jax.train.preemption.EXIT_CODES["SIGTERM"]
+        return (
+            f"`python -m tfm_jax {command}` stopped on SIGTERM with a checkpoint (exit 75); "
+            f"rerunning the sweep resumes it; see {log_path}"
+        )
     if returncode >= 0:
         return f"`python -m tfm_jax {command}` failed (exit status {returncode}); see {log_path}"
     try:

@@ -23,7 +23,7 @@ from tfm_jax.config import paths
 from tfm_jax.config import validate as config
 from tfm_jax.config.build import load_config_module
 from tfm_jax.config.defaults import default_config
-from tfm_jax.train import loop
+from tfm_jax.train import loop, preemption
 from tfm_jax.train import trainer as train
 
 
@@ -87,7 +87,7 @@ def test_sigterm_saves_the_current_step_and_resumes_bitwise(corpus, tmp_path):
         wait_for_step(log, 10, p)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err[-3000:]
+    assert p.returncode == preemption.EXIT_CODES["SIGTERM"] == 75, err[-3000:]  # "resume me"
     summary = json.loads(log.read_text().strip().splitlines()[-1])
     stopped = summary["step"]
     assert summary["stopped_by"] == "SIGTERM" and 10 <= stopped < 100_000
@@ -138,8 +138,8 @@ def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus
             assert line, "the process ended without acknowledging SIGTERM"
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=300)
-    # Either the save was already done (0) or the second signal cut it short (128 + SIGINT).
-    assert p.returncode in (0, 128 + signal.SIGINT), err[-3000:]
+    # Either the save was already done (75) or the second signal cut it short (128 + SIGINT).
+    assert p.returncode in (75, 128 + signal.SIGINT), err[-3000:]
     if p.returncode:
         assert "SIGINT again: exiting now" in err
     big = {"model.vocab_size": 2000, "model.d_model": 256, "model.d_ff": 1024,
@@ -174,7 +174,7 @@ def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_pat
         for f in files:
             f.close()
     for p, err in zip(procs, errs, strict=True):
-        assert p.returncode == 0, err[-3000:]
+        assert p.returncode == 75, err[-3000:]
     summary = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
     assert summary[0]["step"] == summary[1]["step"] and summary[0]["stopped_by"] == "SIGTERM"
     steps = checkpoint.Checkpointer(tmp_path / "run", every_steps=0, every_secs=0,

@@ -21,7 +21,11 @@ import threading
 
 import jax
 
-EXIT_CODES = {"SIGTERM": 0, "SIGINT": 130}  # by signal name; SIGTERM: the run did as asked
+# By signal name. A run stopped by SIGTERM before train.num_steps exits 75 (EX_TEMPFAIL in
+# sysexits.h: "try again later"), not 0, so that a scheduler or a batch script can tell a run to
+# resume from a finished one: configs/launch/slurm.sbatch requeues itself on 75, and a Kubernetes
+# Job or JobSet restarts a pod that exits non-zero. Ctrl-C is the shell's 128 + SIGINT.
+EXIT_CODES = {"SIGTERM": 75, "SIGINT": 130}
 
 
 class StopRequest:
