@@ -12,7 +12,11 @@ import pytest
 from helpers import REPO
 
 HAS_TPU = importlib.util.find_spec("libtpu") is not None
-HAS_CUDA = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+# (find_spec of a dotted name raises when the parent package is missing: check it first)
+HAS_CUDA = (
+    importlib.util.find_spec("jax_plugins") is not None
+    and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+)
 needs_tpu = pytest.mark.skipif(not HAS_TPU, reason="libtpu not installed: pip install -e '.[tpu]'")
 needs_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason="the CUDA plugin is not installed: pip install -e '.[cuda12-compile]'"
