@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import hashlib
 import json
 import os
 import signal
@@ -70,7 +71,7 @@ from table3_report import write_table  # noqa: E402
 
 from tfm_jax.config import paths  # noqa: E402
 from tfm_jax.config.build import load_config_module  # noqa: E402
-from tfm_jax.platform import host  # noqa: E402
+from tfm_jax.platform import host, storage  # noqa: E402
 
 # The rows (and the paper's numbers) live in the config file the runs are started with.
 TABLE3_CONFIG = load_config_module(os.path.join(REPO, "configs", "table3.py"))
@@ -211,7 +212,7 @@ def run_overrides(
     o = preset_overrides(preset, row, data_dir, steps)
     # One vocabulary for every row and seed (the first run trains it): the same tokens, so the
     # same batches for a given seed.
-    o["data.vocab_path"] = os.path.join(root, "vocab", f"spm_{_vocab_size(o)}.model")
+    o["data.vocab_path"] = storage.join(root, "vocab", f"spm_{_vocab_size(o)}.model")
     o["train.seed"] = int(seed)
     if eval_every:
         o["train.eval_every_steps"] = int(eval_every)
@@ -318,14 +319,14 @@ def failure_message(
 
 
 def workdir_of(root: str, row: str, seed: int) -> str:
-    return os.path.join(root, row, f"seed{seed}")
+    return storage.join(root, row, f"seed{seed}")
 
 
 def _substance(overrides: dict) -> dict:
     """The overrides that decide what a run learns; paths compared as the files they name."""
     out = {k: v for k, v in overrides.items() if k not in CADENCE_KEYS}
     for key in ("data.dir", "data.vocab_path"):
-        if out.get(key):
+        if out.get(key) and not storage.is_remote(out[key]):
             out[key] = os.path.realpath(out[key])
     return out
 
@@ -344,11 +345,10 @@ def _check_same_run(workdir: str, recorded: dict, overrides: dict) -> None:
 
 def _read_result(workdir: str, overrides: dict) -> dict | None:
     """A workdir's result.json, checked to be this experiment's; None when it is not finished."""
-    result_path = os.path.join(workdir, "result.json")
-    if not os.path.exists(result_path):
+    result_path = storage.join(workdir, "result.json")
+    if not storage.exists(result_path):
         return None
-    with open(result_path) as f:
-        result = json.load(f)
+    result = json.loads(storage.read_text(result_path))
     _check_same_run(workdir, result["overrides"], overrides)
     return result
 
@@ -366,20 +366,19 @@ def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None
     done = _read_result(workdir, overrides)
     if done is not None:
         return done
-    result_path = os.path.join(workdir, "result.json")
-    os.makedirs(workdir, exist_ok=True)
-    started = os.path.join(workdir, "harness.json")
-    if os.path.exists(started):
-        with open(started) as f:
-            _check_same_run(workdir, json.load(f), overrides)
-    with open(started, "w") as f:
-        json.dump(overrides, f, indent=2)
-    log_path = os.path.join(workdir, "log.txt")
+    result_path = storage.join(workdir, "result.json")
+    storage.makedirs(workdir)
+    started = storage.join(workdir, "harness.json")
+    if storage.exists(started):
+        _check_same_run(workdir, json.loads(storage.read_text(started)), overrides)
+    storage.write_text(started, json.dumps(overrides, indent=2))
+    log_path = local_log(workdir)
     t0 = time.time()
     train_args = ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"]
     run_cmd(train_args + cli_args(overrides), log_path, env)
     train_s = time.time() - t0
     eval_args = ["evaluate", f"--workdir={workdir}", "--split=validation", "--checkpoint=latest"]
+    save_log(log_path, workdir)
     scores = json.loads(run_cmd(eval_args, log_path, env))
     eval_s = time.time() - t0 - train_s
     params = json.loads(
@@ -404,15 +403,32 @@ def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None
         "eval_seconds": round(eval_s, 1),
         "command": "python -m tfm_jax " + " ".join(train_args + cli_args(overrides)),
     }
-    with open(result_path + ".tmp", "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(result_path + ".tmp", result_path)  # a run counts as done only when complete
+    save_log(log_path, workdir)
+    # written whole (storage.write_text): a run counts as done only when its result is complete
+    storage.write_text(result_path, json.dumps(result, indent=2))
     return result
+
+
+def local_log(workdir: str) -> str:
+    """The run's log.txt, appended to as the commands run: in the workdir, or for a gs://
+    workdir (object storage cannot append) in local scratch, copied there by `save_log`."""
+    if not storage.is_remote(workdir):
+        return os.path.join(workdir, "log.txt")
+    digest = hashlib.sha256(workdir.encode()).hexdigest()[:12]
+    local = os.path.join(storage.scratch_dir(), "logs", digest, "log.txt")
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    return local
+
+
+def save_log(log_path: str, workdir: str) -> None:
+    if storage.is_remote(workdir) and os.path.exists(log_path):
+        storage.path(log_path).copy(storage.path(storage.join(workdir, "log.txt")), overwrite=True)
 
 
 def legacy_results(root: str, rows: list[str]) -> list[str]:
     """Result files of the old single-seed layout under `root` (read by nothing here)."""
-    return [p for p in (os.path.join(root, r, "result.json") for r in rows) if os.path.exists(p)]
+    found = (storage.join(root, r, "result.json") for r in rows)
+    return [p for p in found if storage.exists(p)]
 
 
 def find_budget(path: str, threshold: float) -> dict:

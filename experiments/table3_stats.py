@@ -18,7 +18,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
+
+from tfm_jax.platform import storage
 
 PRIMARY, SECONDARY = "ppl", "bleu"
 METRICS = (PRIMARY, SECONDARY)
@@ -225,10 +226,9 @@ def summary_line(judgements: list[dict[str, Judgement]], metric: str = PRIMARY) 
 
 def read_metrics(path: str) -> list[dict]:
     """The records of a run's metrics.jsonl (`path` may be the run's workdir)."""
-    if os.path.isdir(path):
-        path = os.path.join(path, "metrics.jsonl")
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    if storage.isdir(path):  # a local folder or a gs:// run
+        path = storage.join(path, "metrics.jsonl")
+    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
 
 
 def dev_curve(records: list[dict]) -> list[tuple[int, float]]:

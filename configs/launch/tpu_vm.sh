@@ -30,9 +30,9 @@ case "${1:-}" in
   create)
     gcloud compute tpus tpu-vm create "${TPU_NAME}" --zone="${ZONE}" \
         --accelerator-type="${ACCELERATOR}" --version="${VERSION}" --spot ;;
-  install)  # the lock's TPU extra (libtpu), the same pins CI tests
+  install)  # the lock's TPU and gcs extras (libtpu; gcsfs for the bucket), as CI tests them
     on_all "git clone -q ${REPO_URL} tfm_jax 2>/dev/null || git -C tfm_jax pull -q; \
-        cd tfm_jax && python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[tpu]'" ;;
+        cd tfm_jax && python3 -m venv .venv && .venv/bin/pip install -q -c constraints.txt -e '.[tpu,gcs]'" ;;
   train)
     on_all "cd tfm_jax && while :; do TFM_JAX_DISTRIBUTED=1 .venv/bin/python -m tfm_jax train \
         --config=${CONFIG} --workdir=${WORKDIR} ${ARGS}; rc=\$?; [ \$rc -eq 75 ] || exit \$rc; done" ;;

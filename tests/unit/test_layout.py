@@ -157,3 +157,57 @@ def test_the_library_imports_no_experiment_config_or_test():
                 if m.split(".")[0] in ("configs", "experiments", "tests")
             ]
     assert not bad, bad
+
+
+# Calls that touch files other than through tfm_jax/platform/storage.py (epath: local and gs://).
+FILE_CALLS = {
+    "open", "os.open", "os.makedirs", "os.mkdir", "os.listdir", "os.scandir", "os.walk",
+    "os.remove", "os.unlink", "os.rename", "os.replace", "os.stat", "os.path.exists",
+    "os.path.isfile", "os.path.isdir", "os.path.getsize", "os.path.getmtime", "glob.glob",
+    "np.load", "np.save", "shutil.rmtree", "shutil.copyfile", "shutil.copy", "shutil.move",
+}  # fmt: skip
+# Where a local file is the point, and why (module, or module:function).
+LOCAL_FILES_ALLOWED = {
+    "tfm_jax.platform.storage": "the one implementation of local + gs:// files",
+    "tfm_jax.platform.host": "/proc and the malloc re-exec: this machine's own files",
+    "tfm_jax.platform.cpu": "CPU-only: /proc and /sys",
+    "tfm_jax.platform.cluster": "/proc/driver/nvidia: this machine's GPUs",
+    "tfm_jax.platform": "JAX's compilation cache: a local folder JAX itself writes",
+    "tfm_jax.data.token_cache": "memory-mapped .npy files must be local; a gs:// cache goes "
+    "through data/cache_mirror.py into a local mirror first",
+    "tfm_jax.data.cache_mirror": "the local mirror of a gs:// token cache",
+    "tfm_jax.config.build": "config files are local Python modules, executed",
+    "tfm_jax.config.paths": "resolving local paths (URLs are handed to storage)",
+}
+
+
+def _call_name(node: ast.Call) -> str:
+    parts, f = [], node.func
+    while isinstance(f, ast.Attribute):
+        parts.append(f.attr)
+        f = f.value
+    if isinstance(f, ast.Name):
+        parts.append(f.id)
+    return ".".join(reversed(parts))
+
+
+def test_workdir_files_go_through_the_storage_layer():
+    """Every file under a workdir, data dir, vocabulary or token cache is read and written
+    through platform/storage.py (or Orbax / tensorboardX), so that gs:// works everywhere and
+    nothing writes into a local folder named after a URL."""
+    bad = []
+    for dotted, path in modules().items():
+        if dotted in LOCAL_FILES_ALLOWED:
+            continue
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            if isinstance(node, ast.Call):
+                name = _call_name(node)
+                # savefig(path) writes a file; savefig(buffer, format=...) renders in memory
+                to_file = name.endswith(".savefig") and not any(
+                    k.arg == "format" for k in node.keywords
+                )
+                if name in FILE_CALLS or to_file:
+                    if name == "open" and node.args and isinstance(node.args[0], ast.Constant):
+                        continue  # a fixed local path ("/proc/...")
+                    bad.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {name}(...)")
+    assert not bad, "use tfm_jax.platform.storage (local and gs://) instead: " + "; ".join(bad)

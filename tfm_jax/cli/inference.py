@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import sys
 from typing import Any
 
@@ -29,7 +28,7 @@ from tfm_jax.decode.load import (
 from tfm_jax.decode.translate import translate_texts
 from tfm_jax.eval.evaluate import evaluate_split
 from tfm_jax.model.transformer import Transformer
-from tfm_jax.platform import cpu
+from tfm_jax.platform import cpu, storage
 from tfm_jax.viz import attention as attention_plot
 
 
@@ -97,17 +96,16 @@ def _setup_ensemble(args, overrides):
 def _ensemble_out_dir(workdir: str, members: list[dict]) -> str:
     """<workdir>/eval/ensemble<N>_<hash of the members>: one folder per distinct ensemble."""
     key = json.dumps(members, sort_keys=True).encode()
-    return os.path.join(
+    return storage.join(
         workdir, "eval", f"ensemble{len(members)}_{hashlib.sha256(key).hexdigest()[:8]}"
     )
 
 
 def _read_lines(path: str | None) -> list[str]:
-    if path and not os.path.isfile(path):
+    if path and not storage.isfile(path):
         raise InferenceError(f"input file {path!r} does not exist")
     if path:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = storage.read_text(path)
     else:
         text = sys.stdin.read()
     lines = text.split("\n")
@@ -119,15 +117,14 @@ def _read_lines(path: str | None) -> list[str]:
 @_cli
 def cmd_translate(args, overrides: dict[str, str]) -> int:
     """Translates lines of --input (or stdin) to --output (or stdout), in order."""
-    if args.input and not os.path.isfile(args.input):
+    if args.input and not storage.isfile(args.input):
         raise InferenceError(f"input file {args.input!r} does not exist")
     cfg, model, params, tokenizer, _, _ = _setup_ensemble(args, overrides)
     lines = _read_lines(args.input)
     hyps = translate_texts(cfg, model, params, tokenizer, lines, greedy=args.greedy)
     text = "".join(h + "\n" for h in hyps)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        storage.write_text(args.output, text)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -168,7 +165,7 @@ def cmd_evaluate(args, overrides: dict[str, str]) -> int:
 def cmd_attention(args, overrides: dict[str, str]) -> int:
     """PNG heatmaps of encoder self-, decoder self- and encoder-decoder attention."""
     cfg, model, params, tokenizer, _ = _setup(args, overrides)
-    out_dir = args.out or os.path.join(args.workdir, "attention")
+    out_dir = args.out or storage.join(args.workdir, "attention")
     files = attention_plot.plot_sentence(
         cfg,
         model,

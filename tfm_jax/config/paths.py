@@ -52,7 +52,11 @@ def relocated(path: str | None, old_workdir: str | None, new_workdir: str) -> st
 def pinned_file(path: str, old_workdir: str | None, new_workdir: str) -> str | None:
     """A file a run pinned (a URL or an existing path, as it is), else where the moved workdir
     holds it (`relocated`, logged), else None: the caller says what is missing."""
-    if is_url(path) or os.path.isfile(path):
+    if is_url(path):
+        from tfm_jax.platform import storage  # lazily: gcsfs only for a URL
+
+        return path if storage.exists(path) else None
+    if os.path.isfile(path):
         return path
     moved = relocated(path, old_workdir, new_workdir)
     if moved:

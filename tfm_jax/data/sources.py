@@ -20,6 +20,9 @@ from collections.abc import Iterator, Sequence
 
 import ml_collections
 
+from tfm_jax.config import paths
+from tfm_jax.platform import storage
+
 log = logging.getLogger(__name__)
 
 
@@ -117,15 +120,11 @@ def source_identity(cfg: ml_collections.ConfigDict, split: str) -> tuple[dict, l
     """
     langs = [cfg.source_lang, cfg.target_lang]
     if cfg.source == "folder":
-        where = os.path.abspath(cfg.dir)
+        where = paths.resolve(cfg.dir)
         state = []
         for lang in langs:
             name = f"{split}.{lang}"
-            try:
-                st = os.stat(os.path.join(where, name))
-                state.append([name, st.st_size, st.st_mtime_ns])
-            except OSError:
-                state.append([name, -1, -1])
+            state.append([name, *storage.file_state(storage.join(where, name))])
         return {"folder": where, "split": split, "langs": langs}, state
     if cfg.source == "tfds":
         data_dir = _tfds_data_dir(cfg)
@@ -139,10 +138,9 @@ def source_identity(cfg: ml_collections.ConfigDict, split: str) -> tuple[dict, l
 
 def _read_lines(path: str) -> list[str]:
     """Lines of a UTF-8 file, whitespace-stripped (so CRLF and LF read the same)."""
-    if not os.path.isfile(path):
+    if not storage.isfile(path):
         raise DataError(f"{path}: file not found (expected one sentence per line).")
-    with open(path, "rb") as f:
-        data = f.read()
+    data = storage.read_bytes(path)
     if not data.strip():
         raise DataError(f"{path}: the file is empty; it must hold one sentence per line.")
     raw = data.split(b"\n")  # bytes.split: unlike str.splitlines, no split at U+2028 etc.
@@ -162,10 +160,10 @@ def _read_lines(path: str) -> list[str]:
 
 def read_folder_split(folder: str, split: str, source_lang: str, target_lang: str) -> ParallelText:
     """Reads `{folder}/{split}.{source_lang}` and `.{target_lang}`, line N paired with line N."""
-    paths = [os.path.join(folder, f"{split}.{lang}") for lang in (source_lang, target_lang)]
-    for p in paths:
-        if not os.path.isfile(p):
-            have = sorted(os.listdir(folder)) if os.path.isdir(folder) else None
+    files = [storage.join(folder, f"{split}.{lang}") for lang in (source_lang, target_lang)]
+    for p in files:
+        if not storage.isfile(p):
+            have = storage.listdir(folder) if storage.isdir(folder) else None
             where = f"the folder holds {have}" if have is not None else f"{folder} does not exist"
             hint = ""
             if have is None:
@@ -178,10 +176,10 @@ def read_folder_split(folder: str, split: str, source_lang: str, target_lang: st
                 f"{p}: file not found ({where}). Expected `{{split}}.{{lang}}` files; "
                 f"check data.dir, the split name and data.source_lang/data.target_lang.{hint}"
             )
-    src, tgt = _read_lines(paths[0]), _read_lines(paths[1])
+    src, tgt = _read_lines(files[0]), _read_lines(files[1])
     if len(src) != len(tgt):
         raise DataError(
-            f"{paths[0]} has {len(src)} lines but {paths[1]} has {len(tgt)}: line N of one must "
+            f"{files[0]} has {len(src)} lines but {files[1]} has {len(tgt)}: line N of one must "
             f"translate line N of the other (first line past the shorter file: "
             f"{min(len(src), len(tgt)) + 1}). Re-align the files."
         )
@@ -189,15 +187,15 @@ def read_folder_split(folder: str, split: str, source_lang: str, target_lang: st
     if len(keep) < len(src):
         log.warning(
             "%s.{%s,%s}: dropped %d pairs with an empty side",
-            os.path.join(folder, split),
+            storage.join(folder, split),
             source_lang,
             target_lang,
             len(src) - len(keep),
         )
         src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
     if not src:
-        raise DataError(f"{paths[0]}: no pair has text on both sides.")
-    return ParallelText(src, tgt, name=os.path.join(folder, split))
+        raise DataError(f"{files[0]}: no pair has text on both sides.")
+    return ParallelText(src, tgt, name=storage.join(folder, split))
 
 
 # ----------------------------------------------------------------------------- tfds
@@ -246,16 +244,18 @@ def _tfds_data_dir(cfg: ml_collections.ConfigDict) -> str:
 
 def _prepared_dir(data_dir: str, tfds_name: str) -> str | None:
     """The newest `{data_dir}/{name}/{config}/{version}` holding a prepared dataset, or None."""
-    base = os.path.join(data_dir, tfds_name)
-    if not os.path.isdir(base):
+    base = storage.join(data_dir, tfds_name)
+    if not storage.isdir(base):
         return None
     versions = [
-        v for v in os.listdir(base) if os.path.isfile(os.path.join(base, v, "dataset_info.json"))
+        v
+        for v in storage.listdir(base)
+        if storage.isfile(storage.join(base, v, "dataset_info.json"))
     ]
     if not versions:
         return None
     versions.sort(key=lambda v: tuple(int(x) if x.isdigit() else 0 for x in v.split(".")))
-    return os.path.join(base, versions[-1])
+    return storage.join(base, versions[-1])
 
 
 def _offline_message(cfg: ml_collections.ConfigDict, data_dir: str, why: str) -> str:

@@ -23,7 +23,8 @@ Writes are atomic: a build goes into `<name>.tmp-<host>-<pid>/` beside its final
 fsynced, then renamed; readers only open a directory whose meta.json matches, so a killed build
 leaves a temp directory that is ignored (and removed by the next build once its process is gone).
 Only process 0 builds; other processes poll for a matching meta.json, so all hosts must see the
-same folder (a shared filesystem, as for checkpoints). Workers start by forkserver, not fork (the
+same folder: a shared filesystem, or a bucket (a gs:// root is built locally and published there,
+and each host maps its own local copy: cache_mirror.py). Workers start by forkserver, not fork (the
 trainer holds JAX's threads), so they import the main script: guard a script's entry point with
 `if __name__ == "__main__":`. Evaluation splits are small and stay in memory (batching.py).
 """
@@ -48,6 +49,7 @@ import ml_collections
 import numpy as np
 
 from tfm_jax.config import paths
+from tfm_jax.data import cache_mirror
 from tfm_jax.data.sources import DataError, open_split, source_identity
 from tfm_jax.data.tokenized import (
     EncodedChunk,
@@ -60,6 +62,7 @@ from tfm_jax.data.tokenized import (
     tokens_kept,
 )
 from tfm_jax.data.tokenizer import Tokenizer
+from tfm_jax.platform import storage
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ def cache_root(cfg: ml_collections.ConfigDict, tokenizer: Tokenizer) -> str | No
     if cfg.get("token_cache_dir"):
         return paths.resolve(cfg.token_cache_dir)
     if tokenizer.path:
-        return os.path.join(os.path.dirname(os.path.abspath(tokenizer.path)), "tokens")
+        return storage.join(storage.dirname(tokenizer.path), "tokens")
     return None
 
 
@@ -374,30 +377,54 @@ def cached_tokenize_split(
         log.info("token cache off (data.token_cache_dir: %s): tokenizing %r in memory", why, split)
         return tokenize_split(cfg, tokenizer, split, overlong)
     key = cache_key(cfg, tokenizer, split, overlong)
-    final = os.path.join(root, cache_dir_name(key))
+    name = cache_dir_name(key)
+    final = storage.join(root, name)
+    # on object storage: built or read in a local mirror, published to the bucket (cache_mirror)
+    remote = storage.is_remote(root)
+    local = cache_mirror.local_path(root, name) if remote else final
     if process_index == 0:
-        got, meta, why = read_cache(final, key)
+        got, meta, why = read_cache(local, key)
+        if got is None and remote and cache_mirror.published(final, key):
+            got, meta, why = _fetch(final, local, key)
         if got is None:
             log.info("token cache %s: building (%s)", final, why)
             workers = num_workers or cfg.num_workers
-            key = build_cache(cfg, tokenizer, split, overlong, final, key, workers)
-            got, meta, why = read_cache(final, key)
+            key = build_cache(cfg, tokenizer, split, overlong, local, key, workers)
+            got, meta, why = read_cache(local, key)
             if got is None:
-                raise DataError(f"{final}: unreadable right after it was built ({why}).")
+                raise DataError(f"{local}: unreadable right after it was built ({why}).")
         else:
             n_over, n_seen = meta.get("num_overlong", 0), meta.get("num_seen", len(got))
             report_overlong(split, cfg, overlong, n_over, n_seen, len(got))
-        log.info("token cache: %d pairs of %r mapped from %s", len(got), split, final)
+        if remote and not cache_mirror.published(final, key):
+            cache_mirror.publish(local, final)  # the other hosts wait for this
+        log.info("token cache: %d pairs of %r mapped from %s", len(got), split, local)
         return got
-    start = time.monotonic()
-    while (got := read_cache(final, key))[0] is None:
-        if time.monotonic() - start > wait_timeout_s:
+    start = noted = time.monotonic()
+    while (got := read_cache(local, key))[0] is None:
+        if remote and cache_mirror.published(final, key):
+            got = _fetch(final, local, key)
+            if got[0] is not None:
+                break
+        waited = time.monotonic() - start
+        if waited > wait_timeout_s:
             raise DataError(
                 f"process {process_index} waited {wait_timeout_s:.0f} s for process 0 to write "
                 f"the token cache {final} (last: {got[2]}). All processes must see the same "
-                "data.token_cache_dir (a shared filesystem) and process 0 must be running; or "
-                'set data.token_cache_dir="" to tokenize on every host.'
+                "data.token_cache_dir (a shared filesystem or a bucket) and process 0 must be "
+                'running; or set data.token_cache_dir="" to tokenize on every host.'
             )
+        if time.monotonic() - noted > 60:
+            noted = time.monotonic()
+            log.info("process %d: waiting %.0f s (of %.0f) for process 0's token cache %s (%s)",
+                     process_index, waited, wait_timeout_s, final, got[2])  # fmt: skip
         time.sleep(poll_s)
-    log.info("token cache: %d pairs of %r mapped from %s (process 0's)", len(got[0]), split, final)
+    log.info("token cache: %d pairs of %r mapped from %s (process 0's)", len(got[0]), split, local)
     return got[0]
+
+
+def _fetch(remote: str, local: str, key: dict) -> tuple[TokenizedSplit | None, dict | None, str]:
+    """A published cache copied from the bucket into this host's mirror, then read."""
+    tmp = cache_mirror.fetch(remote, local)
+    _publish(tmp, local, key, f"{socket.gethostname()}-{os.getpid()}")
+    return read_cache(local, key)

@@ -6,14 +6,15 @@ import hashlib
 import io
 import json
 import logging
-import os
 from collections.abc import Iterable, Sequence
 
 import ml_collections
 import numpy as np
 import sentencepiece as spm
 
+from tfm_jax.config import paths
 from tfm_jax.data.sources import DataError, open_split
+from tfm_jax.platform import storage
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str, num_threads: int = 1) -> Tokenizer:
-        with open(path, "rb") as f:
-            return cls(f.read(), num_threads)
+        # the bytes through epath: sentencepiece itself cannot open a gs:// path
+        return cls(storage.read_bytes(path), num_threads)
 
     @property
     def content_hash(self) -> str:
@@ -117,9 +118,8 @@ def _source_fingerprint(cfg: ml_collections.ConfigDict) -> dict:
     if cfg.source == "folder":
         files = []
         for lang in key["langs"]:
-            p = os.path.abspath(os.path.join(cfg.dir, f"{cfg.train_split}.{lang}"))
-            st = os.stat(p) if os.path.exists(p) else None
-            files.append([p, st.st_size if st else -1, st.st_mtime_ns if st else -1])
+            p = paths.resolve(storage.join(cfg.dir, f"{cfg.train_split}.{lang}"))
+            files.append([p, *storage.file_state(p)])
         key["files"] = files
     else:
         key["tfds"] = [cfg.tfds_name, cfg.tfds_data_dir or ""]
@@ -166,19 +166,15 @@ def get_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
     else:
         key = json.dumps(_source_fingerprint(cfg), sort_keys=True)
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-        path = os.path.join(workdir, "vocab", f"spm_{cfg.vocab_size}_{digest}.model")
-    if os.path.exists(path):
+        path = storage.join(workdir, "vocab", f"spm_{cfg.vocab_size}_{digest}.model")
+    if storage.exists(path):
         log.info("Loading sentencepiece model %s", path)
         tokenizer = Tokenizer.load(path, cfg.num_workers)
         tokenizer.path = path
         return tokenizer
     log.info("Training a %d-piece BPE vocabulary into %s", cfg.vocab_size, path)
     proto = train_sentencepiece(cfg)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(proto)
-    os.replace(tmp, path)  # atomic: concurrent processes never read half a model
+    storage.write_bytes(path, proto)  # atomic: concurrent processes never read half a model
     tokenizer = Tokenizer(proto, cfg.num_workers)
     tokenizer.path = path  # a run pins this in its saved config (data.vocab_path)
     return tokenizer

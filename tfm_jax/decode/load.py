@@ -6,7 +6,6 @@ A run trained with model.scan_layers comes back unrolled: the decoder's cache is
 
 from __future__ import annotations
 
-import glob
 import logging
 import os
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from tfm_jax.config import paths
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.model import transformer
 from tfm_jax.model.transformer import Transformer
+from tfm_jax.platform import storage
 from tfm_jax.train import trainer as train
 
 log = logging.getLogger(__name__)
@@ -32,12 +32,12 @@ class InferenceError(ValueError):
 def default_checkpoint(workdir: str) -> str:
     """CLI default: "averaged" (§6.1 averages the last checkpoints) if it exists, else latest."""
     return (
-        "averaged" if os.path.isdir(os.path.join(workdir, ckpt_layout.AVERAGED_DIR)) else "latest"
+        "averaged" if storage.isdir(storage.join(workdir, ckpt_layout.AVERAGED_DIR)) else "latest"
     )
 
 
 def check_workdir(workdir: str) -> None:
-    if not workdir or not os.path.isdir(workdir):
+    if not workdir or not storage.isdir(workdir):
         raise InferenceError(
             f"workdir {workdir!r} does not exist; pass the --workdir of a training run"
         )
@@ -60,8 +60,10 @@ def load_tokenizer(cfg: ml_collections.ConfigDict, workdir: str) -> Tokenizer:
                 ".model>"
             )
         return Tokenizer.load(path, cfg.data.num_workers)
-    pattern = os.path.join(workdir, "vocab", f"spm_{cfg.data.vocab_size}_*.model")
-    found = sorted(glob.glob(pattern), key=os.path.getmtime)
+    vocab = storage.path(storage.join(workdir, "vocab"))
+    pattern = storage.join(workdir, "vocab", f"spm_{cfg.data.vocab_size}_*.model")
+    matches = vocab.glob(f"spm_{cfg.data.vocab_size}_*.model") if vocab.is_dir() else []
+    found = [os.fspath(m) for m in sorted(matches, key=lambda m: m.stat().mtime)]
     if not found:
         raise InferenceError(
             f"no vocabulary matches {pattern}; pass --config.data.vocab_path=<the run's "

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import shutil
 import time
 from collections.abc import Sequence
 
@@ -19,6 +17,7 @@ from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode import search, translate
 from tfm_jax.eval import metrics
 from tfm_jax.model.transformer import Transformer
+from tfm_jax.platform import storage
 from tfm_jax.train import losses
 from tfm_jax.train import trainer as train
 
@@ -83,8 +82,8 @@ def evaluate_split(
     """
     alphas = tuple(alphas) if alphas else (cfg.decode.alpha,)
     name = resolve_split(cfg, split)
-    out_dir = out_dir or os.path.join(workdir, "eval", str(checkpoint_name))
-    os.makedirs(out_dir, exist_ok=True)
+    out_dir = out_dir or storage.join(workdir, "eval", str(checkpoint_name))
+    storage.makedirs(out_dir)
     sources, refs = data.load_split_texts(cfg.data, name)
     ppl = perplexity(cfg, model, params, tokenizer, name)
 
@@ -96,9 +95,8 @@ def evaluate_split(
         )
         seconds = time.perf_counter() - start
         suffix = f".alpha{_alpha_name(alpha)}" if len(alphas) > 1 else ""
-        hyp_file = os.path.join(out_dir, f"{name}{suffix}.hyp.txt")
-        with open(hyp_file, "w", encoding="utf-8") as f:
-            f.writelines(h + "\n" for h in hyps)
+        hyp_file = storage.join(out_dir, f"{name}{suffix}.hyp.txt")
+        storage.write_text(hyp_file, "".join(h + "\n" for h in hyps))
         sacre = metrics.bleu(hyps, refs)
         by_alpha[_alpha_name(alpha)] = {
             "alpha": alpha,
@@ -137,7 +135,7 @@ def evaluate_split(
             f"top-level scores are alpha={best}, the best sacreBLEU on split {name!r}"
         )
     if len(alphas) > 1:  # the best alpha's hypotheses also under the plain name
-        shutil.copyfile(by_alpha[best]["hyp_file"], os.path.join(out_dir, f"{name}.hyp.txt"))
-    with open(os.path.join(out_dir, "scores.json"), "w") as f:
-        json.dump(scores, f, indent=2)
+        best_file = storage.read_bytes(by_alpha[best]["hyp_file"])
+        storage.write_bytes(storage.join(out_dir, f"{name}.hyp.txt"), best_file)
+    storage.write_text(storage.join(out_dir, "scores.json"), json.dumps(scores, indent=2))
     return scores

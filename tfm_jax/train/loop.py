@@ -22,7 +22,8 @@ import numpy as np
 
 from tfm_jax import data, platform
 from tfm_jax.checkpoint import manager as checkpoint
-from tfm_jax.platform import cluster, report
+from tfm_jax.config import paths
+from tfm_jax.platform import cluster, report, storage
 from tfm_jax.platform import host as host_memory
 from tfm_jax.train import losses, preemption, resume, sharding
 from tfm_jax.train.profile import Profiler
@@ -59,7 +60,7 @@ def pin_vocabulary(cfg: ml_collections.ConfigDict, tokenizer: data.Tokenizer):
             "point data.vocab_path at a vocabulary of the right size"
         )
     if not cfg.data.vocab_path and tokenizer.path:
-        cfg.data.vocab_path = os.path.abspath(tokenizer.path)
+        cfg.data.vocab_path = paths.resolve(tokenizer.path)  # a gs:// URL stays one
     return cfg
 
 
@@ -97,7 +98,7 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     A workdir that already has checkpoints is first checked against `cfg` (resume.py): keys that
     change the saved shapes are an error before anything is restored.
     """
-    os.makedirs(workdir, exist_ok=True)
+    storage.makedirs(workdir)
     resume.check_resume_config(cfg, workdir)
     if cfg.train.keep_checkpoints < cfg.train.average_last:
         log.warning(
@@ -138,8 +139,9 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
             train_iter.set_state(data_state)
             log.info("Resumed from step %d in %s", start, workdir)
         if jax.process_index() == 0:
-            with open(os.path.join(workdir, "config.json"), "w") as f:
-                f.write(cfg.to_json_best_effort(indent=2))
+            storage.write_text(
+                storage.join(workdir, "config.json"), cfg.to_json_best_effort(indent=2)
+            )
     except BaseException:
         ckpt.close()  # Orbax's threads must stop before the interpreter does
         raise
@@ -147,26 +149,37 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
 
 
 class MetricsWriter:
-    """One JSON line per log step in <workdir>/metrics.jsonl, plus TensorBoard event files."""
+    """One JSON line per log step in <workdir>/metrics.jsonl, plus TensorBoard event files.
 
-    def __init__(self, workdir: str, enabled: bool):
+    Locally each line is appended as it comes. Object storage cannot append, so on a gs://
+    workdir the lines are kept and the object rewritten at most every `flush_secs` (and at
+    every save and at the end: `flush`)."""
+
+    def __init__(self, workdir: str, enabled: bool, flush_secs: float = 30.0):
         self.enabled = enabled
-        self.path = os.path.join(workdir, "metrics.jsonl")
+        self.path = storage.join(workdir, "metrics.jsonl")
+        self._remote, self._pending, self._flushed = storage.is_remote(workdir), [], time.time()
+        self._flush_secs = flush_secs
         self._tb = None
         if enabled:
             try:
                 from tensorboardX import SummaryWriter
 
-                self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
-            except ImportError:  # metrics.jsonl is the record; TensorBoard is a convenience
-                log.warning("tensorboardX is not installed: no TensorBoard event files")
+                self._tb = SummaryWriter(storage.join(workdir, "tensorboard"))
+            except ImportError as e:  # metrics.jsonl is the record; TensorBoard is a convenience
+                why = " (gs:// event files need the gcs extra)" if self._remote else ""
+                log.warning("no TensorBoard event files: %s is not installed%s", e.name, why)
+
+    def flush(self) -> None:
+        storage.append_lines(self.path, self._pending)
+        self._pending, self._flushed = [], time.time()
 
     def write(self, step: int, kind: str, values: dict[str, float]):
         if not self.enabled:
             return
-        record = {"step": step, "kind": kind, **values}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._pending.append(json.dumps({"step": step, "kind": kind, **values}))
+        if not self._remote or time.time() - self._flushed > self._flush_secs:
+            self.flush()
         if self._tb is not None:
             for k, v in values.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -174,6 +187,8 @@ class MetricsWriter:
             self._tb.flush()
 
     def close(self):
+        if self.enabled:
+            self.flush()
         if self._tb is not None:
             self._tb.close()
 
@@ -356,6 +371,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 )
                 if saved:
                     last_good = step
+                    writer.flush()  # a gs:// metrics.jsonl is as recent as the checkpoint
             if stop.requested:
                 run.checkpointer.wait()  # committed before we say so
                 metrics.update(stopped_by=stop.name, step=step)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from typing import Any
 
 import ml_collections
@@ -21,6 +20,7 @@ import ml_collections
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.config import paths
 from tfm_jax.config.validate import ConfigError
+from tfm_jax.platform import storage
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +73,10 @@ def read_saved_config(workdir: str) -> tuple[dict[str, Any], str] | None:
         return ckpt_layout.read_config_json(workdir, "latest"), "the newest checkpoint"
     except Exception as e:  # no checkpoint, or a damaged one: the restore will say which
         log.debug("no config from the checkpoints of %s: %s", workdir, e)
-    path = os.path.join(workdir, "config.json")
-    if ckpt_layout.latest_step_on_disk(workdir) is not None and os.path.isfile(path):
+    path = storage.join(workdir, "config.json")
+    if ckpt_layout.latest_step_on_disk(workdir) is not None and storage.isfile(path):
         try:
-            with open(path) as f:
-                return json.load(f), path
+            return json.loads(storage.read_text(path)), path
         except (OSError, ValueError) as e:
             log.warning("cannot read %s: %s", path, e)
     return None

@@ -8,7 +8,6 @@ params, which sows its [b, h, q, k] softmax weights, and returns the clone's (id
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -21,6 +20,8 @@ from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode import load, translate
 from tfm_jax.model.attention import MultiHeadAttention
 from tfm_jax.model.transformer import Transformer
+from tfm_jax.platform import storage
+from tfm_jax.viz.curves import save_figure
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID
 
 KINDS = {  # file prefix -> (module name inside each layer, stack prefix, title)
@@ -111,7 +112,7 @@ def plot_heads(
         ax.set_xlabel(col_title, fontsize=8)
         ax.set_ylabel(row_title, fontsize=8)
     fig.suptitle(title)
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
 
 
 def plot_sentence(
@@ -146,13 +147,13 @@ def plot_sentence(
         "dec_self": (in_labels, in_labels, "decoder input (query)", "decoder input (key)"),
         "enc_dec": (out_labels, src_labels, "predicted token (query)", "source (key)"),
     }
-    os.makedirs(out_dir, exist_ok=True)
+    storage.makedirs(out_dir)
     files = []
     for kind, (module, stack, title) in KINDS.items():
         rows, cols, row_title, col_title = axes[kind]
         for layer in layers:
             w = weights[f"{stack}_{layer}/{module}"][0]  # [h, q, k]
-            path = os.path.join(out_dir, f"{kind}_layer{layer}.png")
+            path = storage.join(out_dir, f"{kind}_layer{layer}.png")
             plot_heads(
                 w, rows, cols, heads, f"{title}, layer {layer}: {text.strip()!r}"[:120], path,
                 row_title=row_title, col_title=col_title,

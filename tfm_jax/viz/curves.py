@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import json
-import os
+
+from tfm_jax.platform import storage
+
+
+def save_figure(fig, out: str) -> None:
+    """A matplotlib figure as a PNG at a local path or a gs:// URL (rendered in memory)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    storage.write_bytes(out, buffer.getvalue())
 
 
 def read_metrics(workdir: str) -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
+    path = storage.join(workdir, "metrics.jsonl")
+    if not storage.exists(path):
         raise FileNotFoundError(f"{path} does not exist: train first (python -m tfm_jax train)")
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
 
 
 def plot_learning_curves(workdir: str, out: str | None = None) -> str:
@@ -36,7 +44,7 @@ def plot_learning_curves(workdir: str, out: str | None = None) -> str:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    out = out or os.path.join(workdir, "learning_curves.png")
-    fig.savefig(out, dpi=100)
+    out = out or storage.join(workdir, "learning_curves.png")
+    save_figure(fig, out)
     plt.close(fig)
     return out
