@@ -1,0 +1,40 @@
+"""platform/storage.py, the one path layer: URLs stay URLs, local writes are whole, appends
+append, and a gs:// path without the gcs extra is an error naming it."""
+
+import importlib.util
+import os
+
+import pytest
+
+from tfm_jax.platform import storage
+
+
+def test_urls_stay_urls_and_local_paths_stay_local(tmp_path):
+    assert storage.join("gs://b/run", "vocab", "x.model") == "gs://b/run/vocab/x.model"
+    assert storage.dirname("gs://b/run/vocab/x.model") == "gs://b/run/vocab"
+    assert storage.join(str(tmp_path), "a") == os.path.join(str(tmp_path), "a")
+    assert storage.is_remote("gs://b") and not storage.is_remote(str(tmp_path))
+    storage.makedirs("gs://b/never/created")  # object storage has no folders: nothing to do
+    assert not [p for p in os.listdir(".") if p.startswith("gs:")]
+
+
+def test_local_writes_are_whole_and_appends_append(tmp_path):
+    target = tmp_path / "deep" / "file.json"
+    storage.write_text(target, "one")
+    storage.write_text(target, "two")
+    assert target.read_text() == "two" and os.listdir(target.parent) == ["file.json"]
+    lines = tmp_path / "metrics.jsonl"
+    storage.append_lines(lines, ["a"])
+    storage.append_lines(lines, ["b", "c"])
+    storage.append_lines(lines, [])
+    assert lines.read_text() == "a\nb\nc\n"
+    assert storage.file_state(lines)[0] == 6 and storage.file_state(tmp_path / "no") == (-1, -1)
+
+
+def test_gs_without_the_gcs_extra_names_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gcsfs" else real(name, *a)
+    )
+    with pytest.raises(storage.StorageError, match=r"pip install .*\[gcs\]"):
+        storage.path("gs://bucket/run/config.json")
