@@ -38,3 +38,10 @@ def test_gs_without_the_gcs_extra_names_it(monkeypatch):
     )
     with pytest.raises(storage.StorageError, match=r"pip install .*\[gcs\]"):
         storage.path("gs://bucket/run/config.json")
+
+
+def test_the_cli_says_so_in_one_line(monkeypatch, capsys):
+    from tfm_jax.cli import errors
+
+    assert errors.report(storage.StorageError("gs://b: ... '.[gcs]'")) == 1
+    assert capsys.readouterr().err.strip() == "error: gs://b: ... '.[gcs]'"

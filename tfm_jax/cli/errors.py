@@ -13,6 +13,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from tfm_jax import data
     from tfm_jax.checkpoint import errors as ckpt_errors
     from tfm_jax.decode.load import InferenceError
+    from tfm_jax.platform.storage import StorageError
     from tfm_jax.train import loop
 
     return (
@@ -22,6 +23,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ckpt_errors.CheckpointRestoreError,
         ckpt_errors.NonFiniteStateError,
         loop.NonFiniteLossError,
+        StorageError,  # a gs:// path without the gcs extra
         FileNotFoundError,
     )
 
