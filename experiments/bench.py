@@ -199,10 +199,9 @@ class StepCase:
         )
         self.compiled, self.lower_s, self.compile_s = step.executable, step.lower_s, step.compile_s
         progress(f"{name}: compiled in {self.compile_s:.1f} s")
-        cost = self.compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list) else cost
-        # cost_analysis() is per device (the SPMD-partitioned program); the step does that on each
-        self.flops = float(cost["flops"]) * len(self.trainer.mesh.devices.flat)
+        # the training log's own count (trainer.step_flops: XLA's, else model/flops.py's), so the
+        # benchmark's MFU and a run's flops_per_s measure the same FLOPs
+        self.flops = step.flops
         mem = self.compiled.memory_analysis()
         # XLA:CPU's peak_memory_in_bytes leaves out the temporaries (activations kept for the
         # backward pass, the logits): the step holds its arguments (donated, so aliased to the
