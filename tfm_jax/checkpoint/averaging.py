@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax.checkpoint import layout
+from tfm_jax.checkpoint import debris, layout
 from tfm_jax.checkpoint.errors import CheckpointRestoreError
 from tfm_jax.checkpoint.layout import CONFIG, META, PARAMS, STATE
 
@@ -44,7 +44,9 @@ def average_checkpoints(
     Sums in float32 one checkpoint at a time (memory ~2x params), each restored into
     `abstract_params`' shardings so a sharded model is never gathered on one host. The mean
     is cast back to each leaf's dtype. Raises ValueError if fewer than `last` complete
-    checkpoints exist: averaging fewer would silently change the §6 protocol.
+    checkpoints exist: averaging fewer would silently change the §6 protocol. A checkpoint
+    that cannot be read is skipped with a warning naming it and why, and the next older one
+    taken instead; CheckpointRestoreError if fewer than `last` read.
     Overwrites an existing `<workdir>/averaged`.
     """
     if last < 1:
@@ -61,20 +63,26 @@ def average_checkpoints(
             f"ones exist in {source} (steps {steps}). Pass --last="
             f"{len(steps)} or train with checkpoint keep >= {last}."
         )
-    steps = steps[-last:]
     abstract_params = layout.with_default_shardings(abstract_params)
 
-    acc = None
-    with layout.open_checkpoints(workdir) as mngr:
-        for step in steps:
+    # Newest first, as `train` restores: a checkpoint that cannot be read (damaged files) is
+    # named and skipped, and the next older one is averaged in its place, so the average is
+    # still of `last` checkpoints, the newest that read. The sum's order does not matter (f32).
+    acc, used, failed, config = None, [], [], None
+    with layout.quiet_orbax(), layout.open_checkpoints(workdir) as mngr:
+        for step in reversed(steps):
+            if len(used) == last:
+                break
             try:
                 params = layout.restore_params(mngr, step, abstract_params)
-            except Exception as e:  # Orbax/TensorStore raise many kinds
-                raise CheckpointRestoreError(
-                    f"Could not read the params of step {step} in {source} "
-                    f"({type(e).__name__}: {e}). Check that abstract_params matches the run's "
-                    "config; if the checkpoint is damaged, move it aside and average fewer."
-                ) from e
+                if config is None:
+                    config = mngr.restore(
+                        step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()})
+                    )[CONFIG]
+            except Exception as e:  # Orbax/TensorStore/JSON raise many kinds
+                debris.after_failure()  # reported here, with the step; not again
+                failed.append((step, f"cannot be read ({layout.read_error_reason(e)})"))
+                continue
             if acc is None:
                 acc = jax.tree.map(lambda p: p.astype(jnp.float32), params)
             else:
@@ -85,9 +93,19 @@ def average_checkpoints(
                     )
                     acc = _accumulate(acc, params)
             del params
-        config = mngr.restore(
-            steps[-1], args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()})
-        )[CONFIG]
+            used.append(step)
+    details = "; ".join(f"checkpoint {s} {r}" for s, r in failed)
+    if len(used) < last:
+        raise CheckpointRestoreError(
+            f"Asked to average the last {last} checkpoints in {source} but only {len(used)} "
+            f"of them read{f' (steps {sorted(used)})' if used else ''}: {details}. Pass "
+            f"--last={len(used)} to average those, or restore the damaged checkpoints from a "
+            "copy; if abstract_params does not match the run's config, rebuild it from the "
+            "run's config.json"
+        )
+    if failed:
+        log.warning("Averaging steps %s instead: %s", sorted(used), details)
+    steps = sorted(used)
     dtypes = jax.tree.map(lambda x: x.dtype, abstract_params)
     shardings = jax.tree.map(lambda x: x.sharding, abstract_params)
     finish = jax.jit(

@@ -15,15 +15,17 @@ through an `ocp.CheckpointManager`)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from tfm_jax.checkpoint.errors import CheckpointNotFoundError
+from tfm_jax.checkpoint import debris
+from tfm_jax.checkpoint.errors import CheckpointNotFoundError, CheckpointRestoreError
 from tfm_jax.config import paths
 
 log = logging.getLogger(__name__)
@@ -153,7 +155,7 @@ def existing_steps(workdir: str | epath.Path) -> list[int]:
     """The steps Orbax lists under `<workdir>/checkpoints`, ascending, complete or not."""
     if not checkpoints_dir(workdir).is_dir():
         return []
-    with open_checkpoints(workdir) as mngr:
+    with quiet_orbax(), open_checkpoints(workdir) as mngr:  # damage is reported by the reader
         return sorted(mngr.all_steps())
 
 
@@ -215,16 +217,19 @@ def not_found(workdir: str | epath.Path, which: str, why: str) -> CheckpointNotF
     )
 
 
-def _resolve_step(workdir: str | epath.Path, which: str) -> int:
-    """Maps 'latest' or '<step>' to the step of a complete checkpoint."""
-    steps = existing_steps(workdir)
+def read_error_reason(e: BaseException) -> str:
+    """An Orbax/TensorStore error as one short line: the innermost cause (what failed on disk),
+    without TensorStore's many-line spec."""
+    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(e).split("See full TensorStore details")[0].split())
+    return f"{type(e).__name__}: {text[:300]}{'...' if len(text) > 300 else ''}"
+
+
+def _parse_which(workdir: str | epath.Path, which: str, steps: list[int]) -> int | None:
+    """None for 'latest', else the step number `which` names (an error if it was not saved)."""
     if which == "latest":
-        for step in reversed(steps):
-            reason = step_incomplete_reason(checkpoints_dir(workdir), step)
-            if reason is None:
-                return step
-            log.warning("Skipping checkpoint %d in %s: %s", step, workdir, reason)
-        raise not_found(workdir, which, "no complete checkpoint")
+        return None
     try:
         step = int(which)
     except ValueError:
@@ -236,6 +241,88 @@ def _resolve_step(workdir: str | epath.Path, which: str) -> int:
     return step
 
 
+_reported: set[tuple[str, int]] = set()  # (checkpoints dir, step) already warned unreadable
+
+
+def _read_checkpoint(
+    workdir: str | epath.Path, which: str, what: str, read: Callable[[Any, int], Any]
+) -> tuple[Any, int]:
+    """`read(manager, step)` of `which` checkpoint ('latest' or a step), and the step read.
+
+    As `train` treats its checkpoints: for 'latest', a checkpoint that is incomplete or fails to
+    read (damaged files) is named with the reason and the next older one is tried, with a
+    warning saying which step was used instead; CheckpointRestoreError if none reads. A step
+    named by number that fails to read is a CheckpointRestoreError naming it and why.
+    """
+    directory = checkpoints_dir(workdir)
+    steps = existing_steps(workdir)
+    named = _parse_which(workdir, which, steps)
+    failed: list[tuple[int, str]] = []
+    with quiet_orbax(), open_checkpoints(workdir) as mngr:
+        for step in [named] if named is not None else reversed(steps):
+            reason = step_incomplete_reason(directory, step)
+            if reason is None:
+                try:
+                    value = read(mngr, step)
+                except Exception as e:  # Orbax/TensorStore/JSON raise many kinds
+                    debris.after_failure()  # reported here, with the step; not again
+                    reason = f"cannot be read ({read_error_reason(e)})"
+            if reason is None:
+                if failed:
+                    # once a process: the config and then the params skip the same damage
+                    said = {(str(directory), s) for s, _ in failed} <= _reported
+                    _reported.update((str(directory), s) for s, _ in failed)
+                    (log.info if said else log.warning)(
+                        "Using checkpoint %d for the %s: the newer %s",
+                        step,
+                        what,
+                        "; ".join(f"checkpoint {s} {r}" for s, r in failed),
+                    )
+                return value, step
+            if named is not None:
+                raise CheckpointRestoreError(
+                    f"checkpoint {step} in {directory}: {reason}. Pass --checkpoint=latest to "
+                    "use the newest checkpoint that reads, or another step of "
+                    f"{[s for s in steps if s != step]}"
+                )
+            failed.append((step, reason))
+    if not failed:
+        raise not_found(workdir, which, "no complete checkpoint was saved")
+    details = "; ".join(f"step {s}: {r}" for s, r in failed)
+    raise CheckpointRestoreError(
+        f"no checkpoint in {directory} can be read for the {what} ({details}). The files are "
+        f"damaged or incomplete: restore them from a copy, or move them aside (`mv {directory} "
+        f"{directory}.damaged`) and train again"
+    )
+
+
+@contextlib.contextmanager
+def quiet_orbax():
+    """Orbax logs a damaged file at ERROR (via absl) before raising; the caller reports it once,
+    naming the checkpoint, so those records are dropped while one is read."""
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        absl.setLevel(level)
+
+
+def _read_averaged(workdir: str | epath.Path, what: str, read: Callable[[Any], Any]) -> Any:
+    """`read(manager)` of `<workdir>/averaged`; CheckpointRestoreError naming it if it fails."""
+    try:
+        with quiet_orbax(), open_averaged(workdir) as mngr:
+            return read(mngr)
+    except Exception as e:  # Orbax/TensorStore/JSON raise many kinds
+        debris.after_failure()
+        raise CheckpointRestoreError(
+            f"the averaged checkpoint {averaged_dir(workdir)} cannot be read for the {what} "
+            f"({read_error_reason(e)}). Average again (`python -m tfm_jax average "
+            f"--workdir={workdir}`), or pass --checkpoint=latest or a step"
+        ) from None
+
+
 def _check_averaged(workdir: str | epath.Path, item: str) -> None:
     if averaged_incomplete_reason(workdir, (item,)) is not None:
         path = averaged_dir(workdir)
@@ -245,23 +332,23 @@ def _check_averaged(workdir: str | epath.Path, item: str) -> None:
 def load_params(workdir: str | epath.Path, which: str, abstract_params: PyTree) -> PyTree:
     """Params of `which` checkpoint: 'averaged', 'latest' or a step number (as a string).
 
-    Restored into `abstract_params`' shardings. 'latest' skips incomplete checkpoints with a
-    warning. Raises CheckpointNotFoundError saying what exists if `which` does not.
+    Restored into `abstract_params`' shardings. 'latest' skips incomplete or unreadable
+    checkpoints with a warning naming each; CheckpointRestoreError if none reads, or if the step
+    named cannot be read. Raises CheckpointNotFoundError saying what exists if `which` does not.
     """
     which = str(which)
     if which == "averaged":
         _check_averaged(workdir, PARAMS)
         abstract = with_default_shardings(abstract_params)
-        with open_averaged(workdir) as mngr:
-            restored = mngr.restore(
-                AVERAGED_STEP,
-                args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)}),
-            )
-        return restored[PARAMS]
-    step = _resolve_step(workdir, which)
-    log.info("Loading params of step %d from %s", step, workdir)
-    with open_checkpoints(workdir) as mngr:
-        return restore_params(mngr, step, abstract_params)
+        args = ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)})
+        return _read_averaged(
+            workdir, "params", lambda mngr: mngr.restore(AVERAGED_STEP, args=args)
+        )[PARAMS]
+    params, step = _read_checkpoint(
+        workdir, which, "params", lambda mngr, step: restore_params(mngr, step, abstract_params)
+    )
+    log.info("Loaded the params of step %d from %s", step, workdir)
+    return params
 
 
 def read_config_json(workdir: str | epath.Path, which: str = "latest") -> dict[str, Any]:
@@ -273,8 +360,12 @@ def read_config_json(workdir: str | epath.Path, which: str = "latest") -> dict[s
     args = ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()})
     if which == "averaged":
         _check_averaged(workdir, CONFIG)
-        with open_averaged(workdir) as mngr:
-            return mngr.restore(AVERAGED_STEP, args=args)[CONFIG]
-    step = _resolve_step(workdir, which)
-    with open_checkpoints(workdir) as mngr:
-        return mngr.restore(step, args=args)[CONFIG]
+        return dict(
+            _read_averaged(workdir, "config", lambda mngr: mngr.restore(AVERAGED_STEP, args=args))[
+                CONFIG
+            ]
+        )
+    config, _ = _read_checkpoint(
+        workdir, which, "config", lambda mngr, step: dict(mngr.restore(step, args=args)[CONFIG])
+    )
+    return config
