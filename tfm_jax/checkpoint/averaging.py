@@ -80,7 +80,7 @@ def average_checkpoints(
                         step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()})
                     )[CONFIG]
             except Exception as e:  # Orbax/TensorStore/JSON raise many kinds
-                debris.after_failure()  # reported here, with the step; not again
+                debris.install()  # reported here, with the step; not again
                 failed.append((step, f"cannot be read ({layout.read_error_reason(e)})"))
                 continue
             if acc is None:

@@ -11,3 +11,8 @@ class CheckpointNotFoundError(FileNotFoundError):
 
 class CheckpointRestoreError(RuntimeError):
     """No checkpoint in the directory could be restored."""
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (a full disk, an I/O error); training stopped. The
+    message names the path, the newest complete checkpoint and how to resume."""

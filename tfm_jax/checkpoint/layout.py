@@ -265,7 +265,7 @@ def _read_checkpoint(
                 try:
                     value = read(mngr, step)
                 except Exception as e:  # Orbax/TensorStore/JSON raise many kinds
-                    debris.after_failure()  # reported here, with the step; not again
+                    debris.install()  # reported here, with the step; not again
                     reason = f"cannot be read ({read_error_reason(e)})"
             if reason is None:
                 if failed:
@@ -315,7 +315,7 @@ def _read_averaged(workdir: str | epath.Path, what: str, read: Callable[[Any], A
         with quiet_orbax(), open_averaged(workdir) as mngr:
             return read(mngr)
     except Exception as e:  # Orbax/TensorStore/JSON raise many kinds
-        debris.after_failure()
+        debris.install()
         raise CheckpointRestoreError(
             f"the averaged checkpoint {averaged_dir(workdir)} cannot be read for the {what} "
             f"({read_error_reason(e)}). Average again (`python -m tfm_jax average "

@@ -12,6 +12,8 @@ The workdir's layout is described in layout.py.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import time
@@ -25,11 +27,21 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax.checkpoint import layout
-from tfm_jax.checkpoint.errors import CheckpointRestoreError, NonFiniteStateError
+from tfm_jax.checkpoint import debris, layout
+from tfm_jax.checkpoint.errors import (
+    CheckpointRestoreError,
+    CheckpointSaveError,
+    NonFiniteStateError,
+)
 from tfm_jax.checkpoint.layout import CONFIG, DATA, STATE
+from tfm_jax.platform import storage
 
 log = logging.getLogger(__name__)
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
 
 PyTree = Any
 ConfigJson = str | Mapping[str, Any]
@@ -143,6 +155,10 @@ class Checkpointer:
                 create=True,
             ),
         )
+        self._committed = self._mngr.latest_step()  # newest checkpoint known to be on disk
+        self._pending: int | None = None  # the step of a save still being written
+        self._state_bytes = 0  # this process's share of the last state saved, uncompressed
+        self._failure: CheckpointSaveError | None = None
 
     # -- queries
 
@@ -199,35 +215,111 @@ class Checkpointer:
         data_state = _check_json(data_state)
         config = _config_to_json_obj(config_json)
         _raise_if_nonfinite(state.params, step)
-        saved = self._mngr.save(
-            step,
-            args=ocp.args.Composite(
-                **{
-                    STATE: ocp.args.StandardSave(state),
-                    DATA: ocp.args.JsonSave(data_state),
-                    CONFIG: ocp.args.JsonSave(config),
-                }
-            ),
-            force=True,
+        if self._failure is not None:
+            raise self._failure
+        self.wait()  # the previous save's error, if any, is that save's (Orbax would raise it here)
+        self._state_bytes = sum(
+            sum(shard.data.nbytes for shard in x.addressable_shards)
+            if isinstance(x, jax.Array)
+            else np.asarray(x).nbytes
+            for x in jax.tree.leaves(state)
         )
+        debris.install()  # an async save's threads print a failure before wait() reports it
+        with self._saving(step):
+            saved = self._mngr.save(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        STATE: ocp.args.StandardSave(state),
+                        DATA: ocp.args.JsonSave(data_state),
+                        CONFIG: ocp.args.JsonSave(config),
+                    }
+                ),
+                force=True,
+            )
         self._last_save_time = self._clock()
         if saved:
+            self._pending = step
             log.info("Saving checkpoint for step %d in %s", step, self.directory)
         return bool(saved)
 
     def wait(self) -> None:
-        """Blocks until an in-flight async save is on disk."""
-        self._mngr.wait_until_finished()
+        """Blocks until an in-flight async save is on disk.
+
+        A save that failed (a full disk, an I/O error) raises CheckpointSaveError here, once;
+        after that, waiting is a no-op so that cleanup on the way out does not raise again.
+        """
+        if self._failure is not None:
+            return
+        with self._saving(self._pending):
+            self._mngr.wait_until_finished()
+        if self._pending is not None:
+            self._committed, self._pending = self._pending, None
 
     def close(self) -> None:
         """Waits for in-flight saves and releases Orbax's threads."""
-        self._mngr.close()
+        if self._failure is None:
+            self.wait()
+        try:
+            self._mngr.close()
+        except Exception:  # noqa: BLE001 - the failed save was reported by wait()/maybe_save()
+            if self._failure is None:
+                raise
 
     def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def _saving(self, step: int | None):
+        """Turns a failed write of checkpoint `step` into one CheckpointSaveError (see wait)."""
+        try:
+            yield
+        except Exception as e:  # TensorStore, Orbax and the OS raise many kinds
+            self._failure = self._save_error(step, e)
+            self._remove_partial(step)
+            raise self._failure from None
+
+    def _save_error(self, step: int | None, e: BaseException) -> CheckpointSaveError:
+        text = str(e)
+        full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+            s in text for s in ("No space left", "os_error_code='28'", "Disk quota")
+        )
+        what = "no space left on the device" if full else layout.read_error_reason(e)
+        free = storage.free_bytes(self.directory)
+        space = ""
+        if full and self._state_bytes:
+            space = f"; the train state is {_megabytes(self._state_bytes)} uncompressed"
+            if free is not None:
+                space += f", {_megabytes(free)} are free there"
+        committed = self._mngr.all_steps() if self._failure is None else []
+        newest = max([s for s in committed if s != step], default=self._committed)
+        newest_text = (
+            f"The newest complete checkpoint is still step {newest}"
+            if newest is not None
+            else "No complete checkpoint was saved before it"
+        )
+        fix = "Free space on that filesystem (or move the workdir)" if full else "Fix that"
+        resume = f"resume from step {newest}" if newest is not None else "start again"
+        return CheckpointSaveError(
+            f"checkpoint {step if step is not None else ''} could not be saved in "
+            f"{self.directory} ({what}{space}); training stopped. {newest_text}. {fix}, then "
+            f"run the same command to {resume}"
+        )
+
+    def _remove_partial(self, step: int | None) -> None:
+        """Deletes the failed save's `<step>.orbax-checkpoint-tmp*` folder (frees the space; Orbax
+        never lists it as a step) on process 0."""
+        if step is None or jax.process_index() != 0:
+            return
+        try:
+            for name in storage.listdir(self.directory):
+                if name.startswith(f"{step}.orbax-checkpoint-tmp"):
+                    storage.rmtree(storage.join(str(self.directory), name))
+        except Exception as e:  # noqa: BLE001 - a next run's manager deletes it too
+            log.info("Could not remove the partial checkpoint %d yet: %s", step, e)
 
     # -- restoring
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 
 from tfm_jax.config.validate import ConfigError
@@ -21,6 +22,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         data.DataError,
         ckpt_errors.CheckpointNotFoundError,
         ckpt_errors.CheckpointRestoreError,
+        ckpt_errors.CheckpointSaveError,  # a full disk or an I/O error while saving
         ckpt_errors.NonFiniteStateError,
         loop.NonFiniteLossError,
         StorageError,  # a gs:// path without the gcs extra
@@ -34,6 +36,14 @@ def report(e: BaseException) -> int | None:
     if isinstance(e, ConfigError):
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {e.filename}" if e.filename else ""
+        print(
+            f"error: no space left on the device{where} ({e.strerror}). Free space (or move the "
+            "workdir), then run the same command: training resumes from its newest checkpoint",
+            file=sys.stderr,
+        )
+        return 1
     if isinstance(e, user_errors()):
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import posixpath
+import shutil
 import tempfile
 
 from etils import epath
@@ -176,6 +177,20 @@ def download_dir(remote: str, local: str) -> None:
         if os.path.isdir(tmp):
             path(tmp).rmtree()
         raise
+
+
+def free_bytes(p: str | os.PathLike) -> int | None:
+    """Free bytes on the local filesystem holding `p` (or its nearest existing parent); None for
+    object storage, which has no such number."""
+    if is_remote(p):
+        return None
+    p = os.path.abspath(os.fspath(p))
+    while not os.path.exists(p) and os.path.dirname(p) != p:
+        p = os.path.dirname(p)
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
 
 
 def scratch_dir() -> str:
