@@ -275,3 +275,168 @@ def test_translate_and_evaluate_take_relative_paths(trained, tmp_path, monkeypat
                "--out=scores", "--config.decode.max_extra_len=4"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "scores" / "scores.json").read_text())["checkpoint"] == "4"
+
+
+# ----------------------------------------------------------------------------- shared clusters
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_two_trains_on_one_workdir_the_second_refuses_and_a_dead_holder_does_not_block(
+    corpus, tmp_path
+):
+    workdir = tmp_path / "run"
+    args = [*long_run_args(corpus), f"--workdir={workdir}"]
+    log = tmp_path / "first.txt"
+    with open(log, "w") as out:
+        first = cli(args, stdout=out)
+        wait_for_step(log, 4, first)
+        second = cli(args)
+        _, err = second.communicate(timeout=300)
+        assert second.returncode == 1, err[-3000:]
+        assert_clean_message(err, f"workdir {workdir} is in use by another `train`: host ",
+                             f" pid {first.pid}, started ", "lease_wait_secs")  # fmt: skip
+        assert len(err.strip().splitlines()) == 1, err  # nothing else, not even a log line
+        assert first.poll() is None  # the holder trains on, untouched
+        wait_for_step(log, 8, first)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 75, err[-3000:]
+    stopped = json.loads(log.read_text().strip().splitlines()[-1])["step"]
+    cfg = tiny_run_config(corpus)
+    params_at(workdir, stopped, cfg)  # its newest checkpoint restores
+    assert not (workdir / "train.lease").exists()  # released on the way out
+
+    # kill -9: no release. The next run on this host takes the lease over at once, saying so.
+    log = tmp_path / "killed.txt"
+    with open(log, "w") as out:
+        killed = cli(args, stdout=out)
+        wait_for_step(log, stopped + 2, killed)
+        killed.kill()
+        killed.wait(timeout=60)
+    assert json.loads((workdir / "train.lease").read_text())["pid"] == killed.pid
+    start = time.time()
+    p = cli([*args, f"--config.train.num_steps={stopped + 2}"])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert_clean_message(err, "Took over the workdir lease", f"pid {killed.pid}",
+                         f"process {killed.pid} no longer exists on this host")  # fmt: skip
+    assert time.time() - start < 120  # not the lease's TTL (120 s) plus a run
+
+
+def _mount_tmpfs(path, size="2m"):
+    path.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)  # fmt: skip
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs to fill (needs root): {p.stderr.strip()}")
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_disk_that_fills_during_a_save_stops_with_one_line(corpus, trained, tmp_path):
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk)  # a 2 MB filesystem: the vocabulary and ~3 checkpoints of the tiny model
+    try:
+        workdir = disk / "run"
+        p = cli([*long_run_args(corpus, **{"train.checkpoint_every_steps": 4}),
+                 f"--workdir={workdir}"])  # fmt: skip
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 1, err[-3000:]
+        assert_clean_message(err, "could not be saved in", "no space left on the device",
+                             "MB uncompressed", "The newest complete checkpoint is still step ",
+                             "run the same command to resume from step ")  # fmt: skip
+        assert "sys.meta_path" not in err and "RESOURCE_EXHAUSTED" not in err
+        errors = [ln for ln in err.splitlines() if not ln.startswith(("INFO", "WARNING"))]
+        assert len(errors) == 1 and errors[0].startswith("error: checkpoint "), errors
+        failed = int(errors[0].split()[2])
+        newest = int(errors[0].split("is still step ")[1].split(".")[0])
+        steps = checkpoint.Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()
+        assert steps[-1] == newest < failed  # no half-written checkpoint listed as the newest
+        left = [f.name for f in (workdir / "checkpoints").iterdir()]
+        assert not [n for n in left if "tmp" in n], left  # the failed save's folder is removed
+
+        (tmp_path / "in.txt").write_text("a dog runs\n")
+        p = cli(["translate", f"--workdir={workdir}", "--checkpoint=latest",
+                 f"--input={tmp_path / 'in.txt'}"])  # fmt: skip
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+        assert f"Loaded the params of step {newest} " in err
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _damage(workdir, step):
+    for f in (workdir / "checkpoints" / str(step)).rglob("*"):
+        if f.is_file() and f.stat().st_size > 0 and "state" in f.parts:
+            f.write_bytes(b"garbage")  # the arrays; the step's config still reads
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_damaged_checkpoints_under_every_command(corpus, trained, tmp_path):
+    one = tmp_path / "one"  # step 8 damaged, step 4 good
+    shutil.copytree(trained, one)
+    _damage(one, 8)
+    (tmp_path / "in.txt").write_text("a dog runs\n")
+    translate = ["translate", "--checkpoint=latest", f"--input={tmp_path / 'in.txt'}"]
+
+    p = cli([*translate, f"--workdir={one}"])
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert_clean_message(err, "Using checkpoint 4 for the params: the newer checkpoint 8 "
+                         "cannot be read (")  # fmt: skip
+    assert len(out.splitlines()) == 1
+    assert len([ln for ln in err.splitlines() if ln.startswith("WARNING")]) == 1, err
+
+    p = cli(["evaluate", f"--workdir={one}", "--checkpoint=latest", "--split=validation",
+             f"--out={tmp_path / 'scores'}", "--config.decode.max_extra_len=4"])  # fmt: skip
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert_clean_message(err, "Using checkpoint 4 for the params")
+
+    p = cli(["attention", f"--workdir={one}", "--checkpoint=latest", "--text=a dog runs",
+             f"--out={tmp_path / 'att'}"])  # fmt: skip
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert_clean_message(err, "Using checkpoint 4 for the params")
+
+    p = cli(["average", f"--workdir={one}", "--last=2"])  # only one of the last two reads
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1, err[-3000:]
+    assert_clean_message(err, "error: Asked to average the last 2 checkpoints", "only 1 of them "
+                         "read (steps [4]): checkpoint 8 cannot be read (", "--last=1")  # fmt: skip
+    p = cli(["average", f"--workdir={one}", "--last=1"])
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["steps"] == [4]
+    assert_clean_message(err, "Averaging steps [4] instead: checkpoint 8 cannot be read")
+
+    p = cli([*translate[:1], "--checkpoint=8", *translate[2:], f"--workdir={one}"])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1, err[-3000:]
+    assert_clean_message(err, f"error: checkpoint 8 in {one / 'checkpoints'}: cannot be read (",
+                         "Pass --checkpoint=latest")  # fmt: skip
+    assert len(err.strip().splitlines()) == 1, err
+
+    every = tmp_path / "every"  # both damaged
+    shutil.copytree(trained, every)
+    _damage(every, 4)
+    _damage(every, 8)
+    p = cli([*translate, f"--workdir={every}"])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1, err[-3000:]
+    assert_clean_message(err, f"error: no checkpoint in {every / 'checkpoints'} can be read for "
+                         "the params (step 8: cannot be read (", "step 4: cannot be read (",
+                         "move them aside")  # fmt: skip
+    assert len(err.strip().splitlines()) == 1, err
+
+    # every file overwritten, the config items too (the UnicodeDecodeError of issue 32)
+    for f in (every / "checkpoints").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(b"\xff\xfegarbage")
+    p = cli([*translate, f"--workdir={every}"])
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1, err[-3000:]
+    assert_clean_message(err, "error: no checkpoint in ", "can be read for the config (step 8: ")
+    assert len(err.strip().splitlines()) == 1, err

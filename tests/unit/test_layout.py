@@ -178,6 +178,8 @@ LOCAL_FILES_ALLOWED = {
     "tfm_jax.data.cache_mirror": "the local mirror of a gs:// token cache",
     "tfm_jax.config.build": "config files are local Python modules, executed",
     "tfm_jax.config.paths": "resolving local paths (URLs are handed to storage)",
+    "tfm_jax.platform.lease": "a local lease is a compare-and-swap under fcntl.flock, which "
+    "needs a local file descriptor (gs:// goes through google-cloud-storage's preconditions)",
 }
 
 

@@ -14,6 +14,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from tfm_jax import data
     from tfm_jax.checkpoint import errors as ckpt_errors
     from tfm_jax.decode.load import InferenceError
+    from tfm_jax.platform.lease import LeaseHeldError
     from tfm_jax.platform.storage import StorageError
     from tfm_jax.train import loop
 
@@ -25,6 +26,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ckpt_errors.CheckpointSaveError,  # a full disk or an I/O error while saving
         ckpt_errors.NonFiniteStateError,
         loop.NonFiniteLossError,
+        LeaseHeldError,  # another `train` holds the workdir
         StorageError,  # a gs:// path without the gcs extra
         FileNotFoundError,
     )

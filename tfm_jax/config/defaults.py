@@ -67,6 +67,11 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.train.checkpoint_every_secs = 600.0  # §6.1 "checkpoints written at 10-minute intervals"
     cfg.train.keep_checkpoints = 20  # big models average the last 20 (§6.1)
     cfg.train.average_last = 5  # §6.1 base averages the last 5 checkpoints
+    # One writer per workdir (tfm_jax/platform/lease.py): a run renews <workdir>/train.lease
+    # every ttl/4; a lease not renewed for ttl seconds (a lost node) is stale and taken over.
+    # A second `train` refuses at once, or waits up to lease_wait_secs for the holder to go.
+    cfg.train.lease_ttl_secs = 120.0
+    cfg.train.lease_wait_secs = 0.0
     # (A, B): a jax.profiler trace of steps A to B, both included, in <workdir>/profile on
     # process 0 (train/profile.py); () traces nothing. E.g. --config.train.profile_steps=10,15
     cfg.train.profile_steps = ()

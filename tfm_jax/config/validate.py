@@ -101,6 +101,8 @@ RANGES: dict[str, Range] = {
     "train.checkpoint_every_steps": Range(lo=0, what="0 = by wall clock only"),
     "train.checkpoint_every_secs": Range(lo=0.0, what="0 = by step count only"),
     "train.keep_checkpoints": _POSITIVE,
+    "train.lease_ttl_secs": Range(lo=1.0, what="seconds a dead run's lease blocks the workdir"),
+    "train.lease_wait_secs": Range(lo=0.0, what="0 = refuse at once if the workdir is in use"),
     "train.average_last": _POSITIVE,
     "decode.beam_size": _POSITIVE,
     "decode.alpha": Range(lo=0.0, what="0 = no length penalty"),

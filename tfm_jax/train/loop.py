@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from tfm_jax import data, platform
 from tfm_jax.checkpoint import manager as checkpoint
 from tfm_jax.config import paths
-from tfm_jax.platform import cluster, report, storage
+from tfm_jax.platform import cluster, lease, report, storage
 from tfm_jax.platform import host as host_memory
 from tfm_jax.train import losses, preemption, resume, sharding
 from tfm_jax.train.profile import Profiler
@@ -49,6 +50,7 @@ class Run:
     checkpointer: checkpoint.Checkpointer
     state: TrainState
     start_step: int
+    lease: lease.WorkdirLease | None = None  # process 0's hold on the workdir
 
 
 def pin_vocabulary(cfg: ml_collections.ConfigDict, tokenizer: data.Tokenizer):
@@ -364,6 +366,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 stop.arm_for_save(preemption.signal.SIGTERM)  # all hosts save this step
             final = step == num_steps or stop.requested
             if final or run.checkpointer.should_save(step):
+                _check_lease(run)  # a run whose workdir was taken over must not save into it
                 if acc is not None:
                     check_finite(acc, step)  # never checkpoint a state a NaN went into
                 saved = run.checkpointer.maybe_save(
@@ -387,10 +390,30 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     return metrics
 
 
+def _check_lease(run: Run) -> None:
+    """LeaseHeldError on every process if process 0's lease on the workdir was taken over."""
+    lost = run.lease is not None and run.lease.lost is not None
+    if jax.process_count() > 1:
+        lost = bool(multihost_utils.broadcast_one_to_all(np.int32(lost)))
+    if lost:
+        if run.lease is not None:
+            run.lease.check()
+        raise lease.LeaseHeldError(
+            f"process 0 lost the lease on workdir {run.workdir} (another `train` took it over); "
+            "this run stopped without saving. Its log says who"
+        )
+
+
 def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-    """The `train` command: set up (or resume) and train to cfg.train.num_steps."""
-    run = setup_run(cfg, workdir)
-    try:
-        return train_loop(run)
-    finally:
-        run.checkpointer.close()
+    """The `train` command: set up (or resume) and train to cfg.train.num_steps, holding the
+    workdir's lease (platform/lease.py) from before anything is written until the end."""
+    storage.makedirs(workdir)
+    with lease.hold_workdir(
+        workdir, ttl=cfg.train.lease_ttl_secs, wait_secs=cfg.train.lease_wait_secs
+    ) as held:
+        run = setup_run(cfg, workdir)
+        run.lease = held
+        try:
+            return train_loop(run)
+        finally:
+            run.checkpointer.close()

@@ -40,6 +40,8 @@ SAFE_KEYS = (
     "train.keep_checkpoints",
     "train.average_last",
     "train.profile_steps",
+    "train.lease_ttl_secs",
+    "train.lease_wait_secs",
     "data.num_workers",
     "data.tfds_data_dir",
     "data.token_cache_dir",
