@@ -204,3 +204,65 @@ def test_a_gcsfs_rename_is_one_move(gcs):
     fs.mv("bucket/moving/a.txt", "bucket/moving/b.txt")
     assert time.time() - start < 5  # the server's moveTo (the emulator as released: 501, ~33 s)
     assert fs.cat("bucket/moving/b.txt") == b"x" and not fs.exists("bucket/moving/a.txt")
+
+
+def test_the_workdir_lease_on_gs(gcs):
+    """The lease's compare-and-swap on a bucket: ifGenerationMatch, as real GCS answers it."""
+    from tfm_jax.platform import lease as workdir_lease
+
+    clock = [1_000_000.0]
+    workdir = f"{BUCKET}/leased"
+
+    def lease(host, pid):
+        return workdir_lease.WorkdirLease(workdir, ttl=60, clock=lambda: clock[0], host=host,
+                                          pid=pid, alive=lambda pid: True)  # fmt: skip
+
+    a = lease("node-a", 111)
+    a.acquire()
+    record = epath.Path(f"{workdir}/train.lease")
+    assert json.loads(record.read_text())["host"] == "node-a"
+    b = lease("node-b", 222)
+    with pytest.raises(workdir_lease.LeaseHeldError, match="in use by another `train`: host "
+                       "node-a pid 111"):  # fmt: skip
+        b.acquire()
+    a._stop.set()  # a lost node
+    clock[0] += 61
+    b.acquire()  # stale: taken over
+    assert json.loads(record.read_text())["token"] == b.token
+    assert a.renew() is False and "taken over by host node-b pid 222" in a.lost
+    a.release()  # leaves b's lease alone
+    assert json.loads(record.read_text())["token"] == b.token
+    # of two writers that read the same generation, exactly one replaces it
+    backend = workdir_lease._GcsRecord(str(record))
+    text, generation = backend.read()
+    assert backend.replace(text, generation) is not None
+    assert backend.replace(text, generation) is None
+    assert backend.replace(text, 0) is None  # "create only if absent": it exists
+    b._version = backend.read()[1]
+    b.release()
+    assert not record.exists()
+
+
+def test_a_second_train_on_a_gs_workdir_refuses(gcs, corpus, tmp_path):
+    workdir = f"{BUCKET}/held"
+    args = [*train_args(corpus, **{"train.num_steps": 100_000}), f"--workdir={workdir}"]
+    log = tmp_path / "stdout.txt"
+    with open(log, "w") as out:
+        first = cli(args, gcs, stdout=out)
+        deadline = time.time() + 300
+        while time.time() < deadline and first.poll() is None:
+            if [ln for ln in log.read_text().splitlines() if ln.startswith("step ")]:
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        second = cli(args, gcs)
+        _, err = second.communicate(timeout=300)
+        assert second.returncode == 1, err[-3000:]
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"workdir {workdir} is in use by another `train`: host " in err
+        assert f" pid {first.pid}, started " in err
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 75, err[-3000:]
+    assert not epath.Path(f"{workdir}/train.lease").exists()
+    no_url_folder()
