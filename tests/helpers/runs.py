@@ -1,6 +1,7 @@
 """Tiny parallel-text runs for the training-loop and CLI tests."""
 
 import os
+import re
 import socket
 
 from helpers import SHARED_DATA, tiny_config
@@ -68,3 +69,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return s.getsockname()[1]
+
+
+# What C++ runtimes print on stderr by themselves, before and beside Python's logging: absl's
+# "WARNING: All log messages before absl::InitializeLog() ..." and glog-style records
+# ("I0000 00:00:1796285602.296721 1043 cudart_stub.cc:31] ...", from the CUDA plugin that CI's
+# compile extras install). Not ours to count.
+_NATIVE_LOG = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\)|[IWEF]\d{4} \d\d:\d\d:\d\d)"
+)
+
+
+def python_lines(stderr: str) -> list[str]:
+    """The non-empty lines of a tfm_jax process's stderr that Python wrote (errors, records)."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not _NATIVE_LOG.match(ln)]

@@ -2,6 +2,7 @@
 a second signal during the save, resuming with a changed model, every checkpoint corrupt, bad
 numbers in the config, and relative paths."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,14 @@ import jax
 import numpy as np
 import pytest
 from helpers import REPO
-from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+from helpers.runs import (
+    cli_args,
+    free_port,
+    python_lines,
+    tiny_run_config,
+    tiny_run_overrides,
+    write_tiny_corpus,
+)
 
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
@@ -45,6 +53,17 @@ def cli(args, stdout=subprocess.PIPE, **kw):
     env.pop("XLA_FLAGS", None)
     return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,
                             stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+
+
+@contextlib.contextmanager
+def killed_on_exit(proc):
+    """A process the test drives, killed if the test fails while it runs (not left training)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
 
 
 def assert_clean_message(err: str, *needles: str) -> None:
@@ -288,15 +307,14 @@ def test_two_trains_on_one_workdir_the_second_refuses_and_a_dead_holder_does_not
     workdir = tmp_path / "run"
     args = [*long_run_args(corpus), f"--workdir={workdir}"]
     log = tmp_path / "first.txt"
-    with open(log, "w") as out:
-        first = cli(args, stdout=out)
+    with open(log, "w") as out, killed_on_exit(cli(args, stdout=out)) as first:
         wait_for_step(log, 4, first)
         second = cli(args)
         _, err = second.communicate(timeout=300)
         assert second.returncode == 1, err[-3000:]
         assert_clean_message(err, f"workdir {workdir} is in use by another `train`: host ",
                              f" pid {first.pid}, started ", "lease_wait_secs")  # fmt: skip
-        assert len(err.strip().splitlines()) == 1, err  # nothing else, not even a log line
+        assert len(python_lines(err)) == 1, err  # nothing else, not even a log line
         assert first.poll() is None  # the holder trains on, untouched
         wait_for_step(log, 8, first)
         first.send_signal(signal.SIGTERM)
@@ -309,8 +327,7 @@ def test_two_trains_on_one_workdir_the_second_refuses_and_a_dead_holder_does_not
 
     # kill -9: no release. The next run on this host takes the lease over at once, saying so.
     log = tmp_path / "killed.txt"
-    with open(log, "w") as out:
-        killed = cli(args, stdout=out)
+    with open(log, "w") as out, killed_on_exit(cli(args, stdout=out)) as killed:
         wait_for_step(log, stopped + 2, killed)
         killed.kill()
         killed.wait(timeout=60)
@@ -347,7 +364,7 @@ def test_a_disk_that_fills_during_a_save_stops_with_one_line(corpus, trained, tm
                              "MB uncompressed", "The newest complete checkpoint is still step ",
                              "run the same command to resume from step ")  # fmt: skip
         assert "sys.meta_path" not in err and "RESOURCE_EXHAUSTED" not in err
-        errors = [ln for ln in err.splitlines() if not ln.startswith(("INFO", "WARNING"))]
+        errors = [ln for ln in python_lines(err) if not ln.startswith(("INFO", "WARNING"))]
         assert len(errors) == 1 and errors[0].startswith("error: checkpoint "), errors
         failed = int(errors[0].split()[2])
         newest = int(errors[0].split("is still step ")[1].split(".")[0])
@@ -387,7 +404,7 @@ def test_damaged_checkpoints_under_every_command(corpus, trained, tmp_path):
     assert_clean_message(err, "Using checkpoint 4 for the params: the newer checkpoint 8 "
                          "cannot be read (")  # fmt: skip
     assert len(out.splitlines()) == 1
-    assert len([ln for ln in err.splitlines() if ln.startswith("WARNING")]) == 1, err
+    assert len([ln for ln in python_lines(err) if ln.startswith("WARNING")]) == 1, err
 
     p = cli(["evaluate", f"--workdir={one}", "--checkpoint=latest", "--split=validation",
              f"--out={tmp_path / 'scores'}", "--config.decode.max_extra_len=4"])  # fmt: skip
@@ -417,7 +434,7 @@ def test_damaged_checkpoints_under_every_command(corpus, trained, tmp_path):
     assert p.returncode == 1, err[-3000:]
     assert_clean_message(err, f"error: checkpoint 8 in {one / 'checkpoints'}: cannot be read (",
                          "Pass --checkpoint=latest")  # fmt: skip
-    assert len(err.strip().splitlines()) == 1, err
+    assert len(python_lines(err)) == 1, err
 
     every = tmp_path / "every"  # both damaged
     shutil.copytree(trained, every)
@@ -429,7 +446,7 @@ def test_damaged_checkpoints_under_every_command(corpus, trained, tmp_path):
     assert_clean_message(err, f"error: no checkpoint in {every / 'checkpoints'} can be read for "
                          "the params (step 8: cannot be read (", "step 4: cannot be read (",
                          "move them aside")  # fmt: skip
-    assert len(err.strip().splitlines()) == 1, err
+    assert len(python_lines(err)) == 1, err
 
     # every file overwritten, the config items too (the UnicodeDecodeError of issue 32)
     for f in (every / "checkpoints").rglob("*"):
@@ -439,4 +456,4 @@ def test_damaged_checkpoints_under_every_command(corpus, trained, tmp_path):
     _, err = p.communicate(timeout=300)
     assert p.returncode == 1, err[-3000:]
     assert_clean_message(err, "error: no checkpoint in ", "can be read for the config (step 8: ")
-    assert len(err.strip().splitlines()) == 1, err
+    assert len(python_lines(err)) == 1, err

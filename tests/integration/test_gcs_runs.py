@@ -7,6 +7,7 @@ under the current directory named after the URL.
 Skips, with the reason, only where the server cannot start; the test extra installs it.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,14 @@ import pytest
 from etils import epath
 from helpers import REPO
 from helpers.gcs_server import GcsServer, GcsUnavailable
-from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+from helpers.runs import (
+    cli_args,
+    free_port,
+    python_lines,
+    tiny_run_config,
+    tiny_run_overrides,
+    write_tiny_corpus,
+)
 
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.train import trainer as train
@@ -243,12 +251,21 @@ def test_the_workdir_lease_on_gs(gcs):
     assert not record.exists()
 
 
+@contextlib.contextmanager
+def killed_on_exit(proc):
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+
+
 def test_a_second_train_on_a_gs_workdir_refuses(gcs, corpus, tmp_path):
     workdir = f"{BUCKET}/held"
     args = [*train_args(corpus, **{"train.num_steps": 100_000}), f"--workdir={workdir}"]
     log = tmp_path / "stdout.txt"
-    with open(log, "w") as out:
-        first = cli(args, gcs, stdout=out)
+    with open(log, "w") as out, killed_on_exit(cli(args, gcs, stdout=out)) as first:
         deadline = time.time() + 300
         while time.time() < deadline and first.poll() is None:
             if [ln for ln in log.read_text().splitlines() if ln.startswith("step ")]:
@@ -258,7 +275,7 @@ def test_a_second_train_on_a_gs_workdir_refuses(gcs, corpus, tmp_path):
         second = cli(args, gcs)
         _, err = second.communicate(timeout=300)
         assert second.returncode == 1, err[-3000:]
-        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "Traceback" not in err and len(python_lines(err)) == 1, err
         assert f"workdir {workdir} is in use by another `train`: host " in err
         assert f" pid {first.pid}, started " in err
         first.send_signal(signal.SIGTERM)
