@@ -72,8 +72,8 @@ import numpy as np  # noqa: E402
 from tfm_jax.checkpoint import layout  # noqa: E402
 from tfm_jax.config import paths  # noqa: E402
 from tfm_jax.config.build import build_config, split_overrides  # noqa: E402
+from tfm_jax.model import sharding  # noqa: E402
 from tfm_jax.model.flops import matmul_flops  # noqa: E402
-from tfm_jax.train import sharding  # noqa: E402
 from tfm_jax.train import trainer as train  # noqa: E402
 
 

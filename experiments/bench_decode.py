@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+import flax.linen as nn
 import jax
 import ml_collections
 
@@ -23,7 +24,7 @@ from tfm_jax import data, platform
 from tfm_jax.checkpoint import layout
 from tfm_jax.config import paths
 from tfm_jax.decode import load, translate
-from tfm_jax.train import trainer as train
+from tfm_jax.model import scoring
 
 
 def _timed(fn):
@@ -41,8 +42,9 @@ def bench_decode(
         model, params, tokenizer = load.load_for_inference(workdir, which, cfg)
     else:
         which = "random init"
-        model = train.make_model(cfg)
-        params = train.make_trainer(cfg).init_state(cfg.train.seed).params
+        model = scoring.make_model(cfg)
+        # the params a run starts from (its init_state calls the same init with this key)
+        params = nn.unbox(scoring.boxed_params(model, jax.random.PRNGKey(cfg.train.seed)))
         # Shared with bench_input.py: the vocabulary is keyed by the data, so reuse is safe.
         vocab_dir = os.path.join(tempfile.gettempdir(), "tfm_jax_bench_input")
         tokenizer = data.get_tokenizer(cfg.data, vocab_dir)
@@ -61,12 +63,11 @@ def bench_decode(
         "alpha": cfg.decode.alpha,
         "decode_devices": jax.local_device_count(),  # batches decoded at once (translate_ids)
     }
-    start_compiles = translate.compile_count()
-    start_redecoded = translate.redecode_count()
+    stats = translate.DecodeStats()
     for name, kw in (("beam4", dict(beam_size=4)), ("greedy", dict(greedy=True))):
 
         def run(kw=kw):
-            return translate.translate_ids(cfg, model, params, ids, **kw)
+            return translate.translate_ids(cfg, model, params, ids, stats=stats, **kw)
 
         _, first = _timed(run)  # compiles each batch shape
         outs, seconds = _timed(run)
@@ -76,9 +77,9 @@ def bench_decode(
         result[f"{name}_seconds"] = round(seconds, 3)
         result[f"{name}_first_pass_seconds"] = round(first, 3)  # compilation included
         result[f"{name}_mean_output_tokens"] = round(tokens / max(1, len(outs)), 2)
-    result["compilations"] = translate.compile_count() - start_compiles
+    result["compilations"] = len(stats.programs)
     # Sentences the short first pass did not finish, per timed pass of each mode.
-    result["redecoded_per_pass"] = (translate.redecode_count() - start_redecoded) / 4
+    result["redecoded_per_pass"] = stats.redecoded / 4
     result["first_pass_extra_len"] = cfg.decode.first_pass_extra_len
     return result
 

@@ -15,7 +15,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from helpers import tiny_config  # noqa: E402
-from tfm_jax.train import sharding
+from tfm_jax.model import scoring, sharding  # noqa: E402
 from tfm_jax.train import trainer as train  # noqa: E402
 
 
@@ -64,7 +64,15 @@ def main():
             float(np.max(np.abs(a - b) - (1e-5 + 1e-5 * np.abs(a))))
             for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8), strict=False)
         )
+        # what inference restores into (no optimizer built) is what the run trains with
+        _, inference = scoring.abstract_params(cfg, eight)
+        same = jax.tree.map(
+            lambda a, b: a.shape == b.shape and a.dtype == b.dtype and a.sharding == b.sharding,
+            inference,
+            trainer.abstract_state.params,
+        )
         results[name] = {
+            "abstract_params_match": all(jax.tree.leaves(same)),
             "loss_1": l1,
             "loss_8": l8,
             "param_allclose_excess": excess,

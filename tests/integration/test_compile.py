@@ -126,8 +126,8 @@ def test_the_mesh_over_a_tpu_topology_follows_its_torus(monkeypatch):
     in the topology's device-id order."""
     from jax.experimental import mesh_utils
 
+    from tfm_jax.model import sharding
     from tfm_jax.platform import targets
-    from tfm_jax.train import sharding
 
     monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     devices = targets.parse_target("v5e-16").devices()

@@ -25,6 +25,7 @@ from tfm_jax.cli import inference as inference_cli
 from tfm_jax.config.build import split_overrides
 from tfm_jax.decode import load, translate
 from tfm_jax.decode import search as decode
+from tfm_jax.model import scoring
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.train import trainer as train
 from tfm_jax.viz.attention import capture_attention
@@ -71,7 +72,7 @@ def run_beam(params, inputs, max_lengths, *, model, cached, max_decode_len):
 @pytest.fixture(scope="module")
 def random_model():
     cfg = tiny_config(**{"model.dropout": 0.0})
-    model = train.make_model(cfg)
+    model = scoring.make_model(cfg)
     src = jnp.ones((1, 8), jnp.int32)
     params = jax.jit(model.init)(jax.random.PRNGKey(3), src, src)["params"]
     return cfg, model, nn.unbox(params)
@@ -139,7 +140,7 @@ def test_ensemble_follows_the_mean_of_its_members_probabilities(random_model):
     argmax of the members' mean probability under a full teacher-forced recompute."""
     cfg, model, params = random_model
     other_cfg = tiny_config(**{"model.dropout": 0.0, "model.num_layers": 1, "model.d_ff": 48})
-    other = train.make_model(other_cfg)
+    other = scoring.make_model(other_cfg)
     src = jnp.ones((1, 8), jnp.int32)
     other_params = nn.unbox(jax.jit(other.init)(jax.random.PRNGKey(11), src, src)["params"])
     models, both = (model, other), (params, other_params)
@@ -188,7 +189,7 @@ def test_ensemble_perplexity_is_of_the_mean_probability(random_model):
     step = jax.jit(functools.partial(evaluate.ensemble_eval_step, models=(model, model),
                                      label_smoothing=0.0))  # fmt: skip
     sums = step((params, other_params), batch)
-    forward = jax.jit(lambda p: jax.nn.softmax(train.model_forward(model, p, batch,
+    forward = jax.jit(lambda p: jax.nn.softmax(scoring.model_forward(model, p, batch,
                                                                   deterministic=True)))  # fmt: skip
     probs = [np.asarray(forward(p), float) for p in (params, other_params)]
     label_p = [np.take_along_axis(q, targets[..., None], -1)[..., 0] for q in probs]
@@ -265,15 +266,16 @@ def test_translate_texts_order_empty_lines_and_batch_independence(loaded, caplog
     cfg, model, params, tokenizer = loaded
     texts = ["one two", "", "three four five six", "seven", "  ", "eight nine ten one two",
              "two", "five five", "one two"]  # fmt: skip
-    out = translate.translate_texts(cfg, model, params, tokenizer, texts)
+    first = translate.DecodeStats()
+    out = translate.translate_texts(cfg, model, params, tokenizer, texts, stats=first)
     assert len(out) == len(texts)
     assert out[1] == "" and out[4] == ""
     assert out[0] == out[-1]  # a repeated line
     assert any(w in o.split() for o in out for w in DE)  # 30 steps: it learned a few words
-    compiles = translate.compile_count()
-    again = translate.translate_texts(cfg, model, params, tokenizer, texts[::-1])
+    second = translate.DecodeStats()
+    again = translate.translate_texts(cfg, model, params, tokenizer, texts[::-1], stats=second)
     assert again[::-1] == out
-    assert translate.compile_count() == compiles  # same shapes: nothing recompiled
+    assert first.programs and second.programs <= first.programs  # same shapes: no new program
     # Other batch compositions (3 sentences + a dummy row, in another order): same outputs.
     some = [texts[5], texts[0], texts[2]]
     assert translate.translate_texts(cfg, model, params, tokenizer, some) == [
@@ -301,9 +303,9 @@ def test_two_pass_decoding_equals_one_full_pass(loaded, monkeypatch):
     for extra in (0, 1):
         c = cfg.copy_and_resolve_references()
         c.decode.max_extra_len, c.decode.first_pass_extra_len = 40, extra
-        before = translate.redecode_count()
-        outputs[extra] = translate.translate_ids(c, model, params, sources)
-        redone = translate.redecode_count() - before
+        stats = translate.DecodeStats()
+        outputs[extra] = translate.translate_ids(c, model, params, sources, stats=stats)
+        redone = stats.redecoded
         assert redone == 0 if extra == 0 else 0 < redone < len(sources), (extra, redone)
     for a, b in zip(outputs[1], outputs[0], strict=True):
         np.testing.assert_array_equal(a, b)

@@ -4,7 +4,7 @@
 import jax
 import numpy as np
 
-from tfm_jax.train import sharding
+from tfm_jax.model import sharding
 from tfm_jax.train import trainer as train
 
 

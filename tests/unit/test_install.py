@@ -136,9 +136,7 @@ def test_constraints_do_not_pin_the_project_or_the_installer():
 
 
 # the compile extras too: CI installs them (tests/integration/test_compile.py)
-@pytest.mark.parametrize(
-    "extra", ["install_requires", "test", "tpu", "cuda12-compile", "gcs"]
-)
+@pytest.mark.parametrize("extra", ["install_requires", "test", "tpu", "cuda12-compile", "gcs"])
 def test_every_declared_requirement_is_pinned_inside_its_range(extra):
     if extra == "install_requires":
         reqs = declared_install_requires()

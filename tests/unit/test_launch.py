@@ -10,8 +10,8 @@ from jax._src import clusters
 
 from tfm_jax.cli import log_setup
 from tfm_jax.config.validate import ConfigError, validate
+from tfm_jax.model import sharding
 from tfm_jax.platform import cluster, report
-from tfm_jax.train import sharding
 
 GPUS8 = "0,1,2,3,4,5,6,7"
 
@@ -45,7 +45,7 @@ def test_one_task_per_node_asks_jax_for_all_of_the_nodes_gpus(monkeypatch):
     got = {}
     monkeypatch.setattr(sharding.jax.distributed, "initialize", lambda **kw: got.update(kw))
     monkeypatch.setattr(sharding.jax, "process_index", lambda: 0)
-    assert sharding.maybe_initialize_distributed() == 0
+    assert cluster.maybe_initialize_distributed() == 0
     assert got == {"local_device_ids": list(range(8))}
     # What JAX then makes of it: SLURM's coordinator, count and id, and our 8 devices. Without
     # them it would have restricted the process to GPU SLURM_LOCALID alone (the bug).

@@ -102,6 +102,84 @@ def test_imports_go_one_way():
     assert not backwards, "imports against the flow " + " -> ".join(LAYERS) + f": {backwards}"
 
 
+def test_inference_never_builds_the_training_machinery():
+    """decode/ and eval/ (and the reading commands) load a run through model/scoring.py: the
+    model and its params' shapes, never an optimizer or a train step from train/."""
+    known = modules()
+    reaching = [
+        f"{m} imports {imported}"
+        for m, path in known.items()
+        if layer(m) in ("decode", "eval", "viz") or m == "tfm_jax.cli.inference"
+        for imported in imports(path, known)
+        if layer(imported) == "train"
+    ]
+    assert not reaching, reaching
+
+
+MUTABLE_CALLS = {"set", "list", "dict", "defaultdict", "collections.defaultdict", "OrderedDict",
+                 "collections.OrderedDict", "deque", "collections.deque", "Counter"}  # fmt: skip
+MUTATING_METHODS = {"append", "add", "update", "extend", "insert", "pop", "popitem", "clear",
+                    "discard", "remove", "setdefault", "__setitem__"}  # fmt: skip
+
+
+def _module_state(tree: ast.Module) -> set[str]:
+    """Module-level names bound to a mutable container (a display or a constructor call)."""
+    names = set()
+    for node in tree.body:
+        targets, value = [], None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        mutable = isinstance(value, ast.List | ast.Dict | ast.Set | ast.ListComp | ast.DictComp
+                             | ast.SetComp) or (isinstance(value, ast.Call)
+                                                and _call_name(value) in MUTABLE_CALLS)  # fmt: skip
+        names |= {t.id for t in targets if mutable and isinstance(t, ast.Name)}
+    return names
+
+
+def _state_changes(tree: ast.Module, dotted: str) -> list[str]:
+    """Where code rebinds a global or mutates a module-level container."""
+    state, bad = _module_state(tree), []
+    for node in ast.walk(tree):
+        where = f"{dotted}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Global):
+            bad.append(f"{where}: global {', '.join(node.names)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            if (isinstance(owner, ast.Name) and owner.id in state
+                    and node.func.attr in MUTATING_METHODS):  # fmt: skip
+                bad.append(f"{where}: {owner.id}.{node.func.attr}(...)")
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+            targets = [node.target] if isinstance(node, ast.AugAssign) else node.targets
+            for t in targets:
+                if (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
+                        and t.value.id in state):  # fmt: skip
+                    bad.append(f"{where}: {t.value.id}[...] changed")
+    return bad
+
+
+def test_no_mutable_module_state():
+    """Nothing a call does changes what a later call computes through a module global: no
+    `global` rebinding, and no module-level container that code mutates (constants such as
+    RANGES or EXIT_CODES are only read). Memos of pure functions (functools.cache) are fine."""
+    bad = []
+    for dotted, path in modules().items():
+        bad += _state_changes(ast.parse(open(path, encoding="utf-8").read()), dotted)
+    assert not bad, "mutable module-level state: pass it explicitly instead: " + "; ".join(bad)
+
+
+def test_the_state_check_finds_state():
+    code = (
+        "SEEN = set()\nN = [0]\nK = {'a': 1}\nmode = 'x'\n"
+        "def f(x):\n    global mode\n    SEEN.add(x)\n    N[0] += 1\n    return K['a']\n"
+    )
+    tree = ast.parse(code)
+    assert _module_state(tree) == {"SEEN", "N", "K"}
+    assert {b.split(": ", 1)[1] for b in _state_changes(tree, "m")} == {
+        "global mode", "SEEN.add(...)", "N[...] changed"}  # K is only read  # fmt: skip
+
+
 def test_layers_cover_every_folder():
     folders = {layer(m) for m in modules()} - {"tfm_jax", "__main__"}
     assert folders <= set(LAYERS), f"place {sorted(folders - set(LAYERS))} in LAYERS"

@@ -5,7 +5,8 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax.train import losses, optim
+from tfm_jax.model import losses
+from tfm_jax.train import optim
 
 
 @pytest.mark.parametrize(

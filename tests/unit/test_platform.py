@@ -91,13 +91,13 @@ def test_auto_resolves_to_the_cpu_paths_on_cpu():
     assert platform.dropout_prng("rbg") == "rbg"
     with pytest.raises(ValueError, match="train.dropout_prng='fast'"):
         platform.dropout_prng("fast")
-    assert platform.product() is cpu.canonical_product
+    assert platform.product_function("auto") is cpu.canonical_product
+    assert platform.product_function("einsum") is platform.plain_product
     cfg = config.default_config()
     cfg.platform.compilation_cache = ""
     try:
         cfg.platform.product = "einsum"
         assert platform.init_runtime(cfg).product == "einsum"
-        assert platform.product() is platform.plain_product
     finally:
         cfg.platform.product = "auto"
         assert platform.init_runtime(cfg).product == "cpu_canonical"

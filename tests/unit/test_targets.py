@@ -1,12 +1,14 @@
 """Compile targets (platform/targets.py), the seam resolved for a target that is not the host,
 the worst-case batch shapes a config gives without its data, and the collectives count."""
 
+import flax.linen as nn
+import jax
 import pytest
 from helpers import tiny_config
 
 from tfm_jax import platform
 from tfm_jax.data import plans
-from tfm_jax.model import flops
+from tfm_jax.model import flops, scoring
 from tfm_jax.platform import targets
 from tfm_jax.train import aot
 
@@ -53,15 +55,39 @@ def test_the_seam_resolves_auto_for_the_target_not_the_host(monkeypatch):
     assert platform.dropout_prng("auto") == "threefry_fused"  # this host
     assert platform.dropout_prng("auto", "tpu") == "threefry"
     assert platform.dropout_prng("auto", "gpu") == "threefry"
-    monkeypatch.setattr(platform, "_product_name", "auto")
-    assert platform.resolved_product() == "cpu_canonical"
+    assert platform.resolve_product("auto") == "cpu_canonical"
+    assert platform.resolve_product("auto", "tpu") == platform.resolve_product("auto", "gpu")
+    assert platform.resolve_product("auto", "gpu") == "einsum"
     cfg = tiny_config(**{"platform.compilation_cache": ""})
     runtime = platform.init_runtime(cfg, target="tpu")
     assert runtime.backend == "tpu" and runtime.product == "einsum"
-    assert platform.resolved_product() == "einsum"  # what matmul.einsum traces with now
-    assert platform.product() is platform.plain_product
+    # the model carries its product, resolved for the program's platform
+    assert scoring.make_model(cfg, "tpu").product == "einsum"
+    assert scoring.make_model(cfg).product == "cpu_canonical"
     platform.init_runtime(cfg)  # this host again
-    assert platform.resolved_product() == "cpu_canonical"
+
+
+def test_a_model_computes_the_same_whatever_ran_before_it():
+    """No process-wide setting decides the numerics: a bf16 model traced before and after
+    init_runtime for another target gives the same program, and models made for different
+    targets differ only by the product they carry."""
+    cfg = tiny_config(**{"platform.compilation_cache": "", "model.dtype": "bfloat16"})
+    model = scoring.make_model(cfg)
+    inputs, targets = scoring.dummy_batch()
+    boxed = jax.eval_shape(lambda r: scoring.boxed_params(model, r), jax.random.PRNGKey(0))
+    params = nn.unbox(boxed)
+
+    def program(m):
+        return str(jax.make_jaxpr(lambda p: m.apply({"params": p}, inputs, targets))(params))
+
+    before = program(model)
+    platform.init_runtime(cfg, target="tpu")
+    try:
+        assert program(model) == before
+        tpu = program(scoring.make_model(cfg, "tpu"))
+        assert tpu != before and "dot_general" in tpu  # the plain einsum, not the CPU layout
+    finally:
+        platform.init_runtime(cfg)
 
 
 class _Device:

@@ -241,11 +241,12 @@ def _parse_which(workdir: str | epath.Path, which: str, steps: list[int]) -> int
     return step
 
 
-_reported: set[tuple[str, int]] = set()  # (checkpoints dir, step) already warned unreadable
-
-
 def _read_checkpoint(
-    workdir: str | epath.Path, which: str, what: str, read: Callable[[Any, int], Any]
+    workdir: str | epath.Path,
+    which: str,
+    what: str,
+    read: Callable[[Any, int], Any],
+    warn: bool = True,
 ) -> tuple[Any, int]:
     """`read(manager, step)` of `which` checkpoint ('latest' or a step), and the step read.
 
@@ -253,6 +254,7 @@ def _read_checkpoint(
     read (damaged files) is named with the reason and the next older one is tried, with a
     warning saying which step was used instead; CheckpointRestoreError if none reads. A step
     named by number that fails to read is a CheckpointRestoreError naming it and why.
+    warn=False logs the fallback at INFO (a caller that warns when it reads the params).
     """
     directory = checkpoints_dir(workdir)
     steps = existing_steps(workdir)
@@ -269,10 +271,7 @@ def _read_checkpoint(
                     reason = f"cannot be read ({read_error_reason(e)})"
             if reason is None:
                 if failed:
-                    # once a process: the config and then the params skip the same damage
-                    said = {(str(directory), s) for s, _ in failed} <= _reported
-                    _reported.update((str(directory), s) for s, _ in failed)
-                    (log.info if said else log.warning)(
+                    (log.warning if warn else log.info)(
                         "Using checkpoint %d for the %s: the newer %s",
                         step,
                         what,
@@ -351,10 +350,14 @@ def load_params(workdir: str | epath.Path, which: str, abstract_params: PyTree) 
     return params
 
 
-def read_config_json(workdir: str | epath.Path, which: str = "latest") -> dict[str, Any]:
+def read_config_json(
+    workdir: str | epath.Path, which: str = "latest", *, warn: bool = True
+) -> dict[str, Any]:
     """The run's config (as a dict) stored with `which` checkpoint (see `load_params`).
 
-    Rebuild it with `ml_collections.ConfigDict(read_config_json(workdir))`.
+    Rebuild it with `ml_collections.ConfigDict(read_config_json(workdir))`. warn=False: a
+    fallback to an older checkpoint's config is logged at INFO (for a caller that then loads the
+    params and warns about the same damage once).
     """
     which = str(which)
     args = ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()})
@@ -366,6 +369,10 @@ def read_config_json(workdir: str | epath.Path, which: str = "latest") -> dict[s
             ]
         )
     config, _ = _read_checkpoint(
-        workdir, which, "config", lambda mngr, step: dict(mngr.restore(step, args=args)[CONFIG])
+        workdir,
+        which,
+        "config",
+        lambda mngr, step: dict(mngr.restore(step, args=args)[CONFIG]),
+        warn=warn,
     )
     return config

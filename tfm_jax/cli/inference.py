@@ -60,7 +60,8 @@ def _config(args, overrides) -> ml_collections.ConfigDict:
     """--config (or the run's saved config) with the overrides, its platform settings applied."""
     check_workdir(args.workdir)
     # A missing checkpoint is a CheckpointNotFoundError listing what the workdir holds.
-    saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
+    # warn=False: loading the params then warns once about a checkpoint that does not read
+    saved = None if args.config else ckpt_layout.read_config_json(args.workdir, warn=False)
     cfg = build_config(args.config, dict(overrides), saved)
     platform.init_runtime(cfg)  # the run's platform settings
     return cfg

@@ -26,7 +26,7 @@ def cmd_params(args, overrides) -> int:
     `--config=file.py:ROW` (configs/table3.py), or PAPER_ROW, the paper's row of the config
     itself (configs/big.py); the paper column comes from there.
     """
-    from tfm_jax.train import trainer as train
+    from tfm_jax.model import scoring
 
     path, _, row = args.config.partition(":")
     module = load_config_module(path, typed=args.config)
@@ -42,7 +42,7 @@ def cmd_params(args, overrides) -> int:
         else:
             paper_row = getattr(module, "PAPER_ROW", None)
         paper = paper_row.params_millions if paper_row is not None else None
-        report[name] = {"params": train.count_params(cfg), "paper_millions": paper}
+        report[name] = {"params": scoring.count_params(cfg), "paper_millions": paper}
     if args.json:
         print(json.dumps({"vocab_size": int(overrides["model.vocab_size"]), "rows": report}))
         return 0
@@ -84,9 +84,10 @@ def cmd_prepare(args, overrides) -> int:
 
 def cmd_train(args, overrides) -> int:
     """Trains (or resumes from the newest checkpoint in --workdir) to train.num_steps."""
-    from tfm_jax.train import loop, sharding
+    from tfm_jax.platform import cluster
+    from tfm_jax.train import loop
 
-    process = sharding.maybe_initialize_distributed(
+    process = cluster.maybe_initialize_distributed(
         args.coordinator_address, args.num_processes, args.process_id
     )
     only_errors_unless_primary(process)  # one log a run: process 0's
@@ -114,13 +115,14 @@ def cmd_average(args, overrides) -> int:
     """Averages the params of the last N checkpoints into <workdir>/averaged (§6.1)."""
     from tfm_jax.checkpoint import averaging
     from tfm_jax.checkpoint import layout as ckpt_layout
-    from tfm_jax.train import trainer as train
+    from tfm_jax.model import scoring
 
-    saved = None if args.config else ckpt_layout.read_config_json(args.workdir)
+    # warn=False: averaging then names each checkpoint it skips
+    saved = None if args.config else ckpt_layout.read_config_json(args.workdir, warn=False)
     cfg = build_config(args.config, overrides, saved)
-    trainer = train.make_trainer(cfg)
+    _, params = scoring.abstract_params(cfg)  # shapes and shardings: no optimizer is built
     result = averaging.average_checkpoints(
-        args.workdir, args.last or cfg.train.average_last, trainer.abstract_state.params
+        args.workdir, args.last or cfg.train.average_last, params
     )
     print(json.dumps({"averaged": result.path, "steps": result.steps}))
     return 0

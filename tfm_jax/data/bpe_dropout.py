@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tfm_jax.data.plans import _permute_segments
+from tfm_jax.data.plans import permute_segments
 from tfm_jax.data.sources import DataError
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.vocab_ids import UNK_ID
@@ -114,7 +114,7 @@ class BpeDropout:
         if not flats:
             return [[] for _ in range(self.num_texts)]
         flat, count = np.concatenate(flats), np.concatenate(counts)
-        flat, count = _permute_segments(flat, count, np.argsort(np.concatenate(members)))
+        flat, count = permute_segments(flat, count, np.argsort(np.concatenate(members)))
         per_text = np.bincount(self._text_of, weights=count, minlength=self.num_texts)
         per_text = per_text.astype(np.int64)
         return [ids.tolist() for ids in np.split(flat, np.cumsum(per_text)[:-1])]

@@ -134,7 +134,7 @@ def check_process(process_index: int, process_count: int) -> None:
         )
 
 
-def _permute_segments(
+def permute_segments(
     flat: np.ndarray, lens: np.ndarray, perm: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Segments of `flat` (lengths `lens`, end to end) reordered by `perm`, without a Python
@@ -176,7 +176,7 @@ def bucket_plan(
     batch_sizes = sizes[shape_flat]
     if rng is not None:
         perm = rng.permutation(len(shape_flat))
-        slots_flat, batch_sizes = _permute_segments(slots_flat, batch_sizes, perm)
+        slots_flat, batch_sizes = permute_segments(slots_flat, batch_sizes, perm)
         shape_flat = shape_flat[perm]
     filled = slots_flat >= 0
     return _plan(shape_flat, batch_sizes, filled.astype(np.int64), slots_flat[filled])
@@ -242,7 +242,7 @@ def pack_plan(
         row_pairs.append(window[by_row])
         row_lens.append(np.bincount(row_of, minlength=n))
     pairs, lens = np.concatenate(row_pairs), np.concatenate(row_lens)
-    pairs, lens = _permute_segments(pairs, lens, rng.permutation(len(lens)))
+    pairs, lens = permute_segments(pairs, lens, rng.permutation(len(lens)))
     num_batches = -(-len(lens) // shape.batch_size)
     lens = np.concatenate([lens, np.zeros(num_batches * shape.batch_size - len(lens), np.int64)])
     return _plan(

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import hashlib
 import json
 import logging
@@ -148,22 +149,24 @@ def read_cache(path: str, key: dict) -> tuple[TokenizedSplit | None, dict | None
 
 # ----------------------------------------------------------------------------- encoding
 
-_worker_tokenizers: dict[str, Tokenizer] = {}  # in a worker process: content hash -> tokenizer
+
+@functools.lru_cache(maxsize=4)
+def _worker_tokenizer(path: str | None, proto: bytes | None, digest: str) -> Tokenizer:
+    """The tokenizer a worker process encodes with, loaded once a worker (a memo of its
+    arguments: the vocabulary's content hash is part of the key)."""
+    tok = Tokenizer.load(path) if path else Tokenizer(proto)
+    if tok.content_hash != digest:
+        raise DataError(
+            f"{path}: the vocabulary file changed while the split was being tokenized; "
+            "start again (it is never rewritten in place unless by hand)."
+        )
+    return tok
 
 
 def _encode_in_worker(
     model: tuple[str | None, bytes | None, str], src: list[str], tgt: list[str], keep, overlong
 ) -> EncodedChunk:
-    path, proto, digest = model
-    if digest not in _worker_tokenizers:
-        tok = Tokenizer.load(path) if path else Tokenizer(proto)
-        if tok.content_hash != digest:
-            raise DataError(
-                f"{path}: the vocabulary file changed while the split was being tokenized; "
-                "start again (it is never rewritten in place unless by hand)."
-            )
-        _worker_tokenizers[digest] = tok
-    return encode_chunk(_worker_tokenizers[digest], src, tgt, keep, overlong)
+    return encode_chunk(_worker_tokenizer(*model), src, tgt, keep, overlong)
 
 
 def encode_split(

@@ -17,10 +17,9 @@ from tfm_jax.checkpoint import errors as ckpt_errors
 from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.config import paths
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.model import transformer
+from tfm_jax.model import scoring, transformer
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.platform import storage
-from tfm_jax.train import trainer as train
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +81,9 @@ def load_for_inference(
     A run trained with model.scan_layers comes back unrolled (the decoder's cache is per layer).
     """
     check_workdir(workdir)
-    trainer = train.make_trainer(cfg)
+    model, abstract = scoring.abstract_params(cfg)  # no optimizer, no train step
     try:
-        params = ckpt_layout.load_params(workdir, str(which), trainer.abstract_state.params)
+        params = ckpt_layout.load_params(workdir, str(which), abstract)
     except ckpt_errors.CheckpointNotFoundError as e:  # it lists the steps the workdir holds
         raise InferenceError(str(e)) from None
     except ValueError as e:  # a `which` that is neither a name nor a step
@@ -96,9 +95,9 @@ def load_for_inference(
             f"{cfg.model.vocab_size}; this vocabulary belongs to another run"
         )
     if cfg.model.scan_layers:
-        model = trainer.model.clone(scan_layers=False)
+        model = model.clone(scan_layers=False)
         return model, transformer.unstack_layers(params, cfg.model.num_layers), tokenizer
-    return trainer.model, params, tokenizer
+    return model, params, tokenizer
 
 
 def load_ensemble(

@@ -9,18 +9,19 @@ batches of a fixed number of rows (cfg.decode.tokens_per_batch // padded length,
 to a power of two). A bucket's last batch takes the next power of two >= its sentences, padded
 with dummy rows, so a test set compiles about two shapes per length bucket and translating one
 sentence does not run a full-size batch. jax.jit caches one program per (rows, source length,
-max_decode_len, beam, alpha, greedy); `compile_count()` counts the distinct ones this process
-has asked for.
+max_decode_len, beam, alpha, greedy); a `DecodeStats` passed as `stats=` collects the distinct
+ones a call asked for (and the sentences it decoded twice).
 
 Two passes (decode.first_pass_extra_len): every batch is first decoded with an output buffer of
 (padded source length + first_pass_extra_len) tokens, and only the sentences whose search had
 not ended by then are decoded again with the full (source length + max_extra_len) buffer. The
-result is exactly that of one full-length pass (decode.py, "Short buffers"). On the quickstart
+result is exactly that of one full-length pass (search.py, "Short buffers"). On the quickstart
 model no test sentence needed the second pass at 12 and beam-4 ran 1.28x faster.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ import ml_collections
 import numpy as np
 
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.decode import search as decode
+from tfm_jax.decode import search
 from tfm_jax.model import attention
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
@@ -41,22 +42,19 @@ log = logging.getLogger(__name__)
 
 SRC_LEN_MULTIPLE = 16  # padded source lengths are multiples of this (one compile per bucket)
 
-# The distinct decoding programs asked for (jit compiles each once), recorded on the host
-# before each call: (models, rows, source length, max_decode_len, beam, alpha, greedy).
-_PROGRAMS: set[tuple] = set()
-# Sentences a first, short-buffer pass left unfinished (decoded again at full length).
-_REDECODED = [0]
 
+@dataclasses.dataclass
+class DecodeStats:
+    """What translate_ids calls did, for benchmarks and tests: pass one as `stats=` (it adds up
+    over the calls it is passed to)."""
 
-def compile_count() -> int:
-    """Distinct decoding programs (one jit compilation each) this process has run."""
-    return len(_PROGRAMS)
-
-
-def redecode_count() -> int:
-    """Sentences decoded twice so far: the first, short-buffer pass (decode.first_pass_extra_len)
-    did not finish them."""
-    return _REDECODED[0]
+    # The distinct decoding programs asked for (jit compiles each once in a process), recorded
+    # on the host before each call: (models, rows, source length, max_decode_len, beam, alpha,
+    # greedy).
+    programs: set[tuple] = dataclasses.field(default_factory=set)
+    # Sentences a first, short-buffer pass (decode.first_pass_extra_len) left unfinished,
+    # decoded again at full length.
+    redecoded: int = 0
 
 
 def init_cache(model: Transformer, params, encoded: jax.Array, inputs: jax.Array,
@@ -79,11 +77,11 @@ def mask_special_logits(logits: jax.Array) -> jax.Array:
     generated PAD would be masked out of a full (teacher-forced) decoder pass but not out of the
     cache, so excluding them keeps cached decoding equal to the full forward."""
     special = jnp.zeros(logits.shape[-1], bool).at[jnp.array([PAD_ID, BOS_ID])].set(True)
-    return jnp.where(special, decode.NEG_INF, logits)
+    return jnp.where(special, search.NEG_INF, logits)
 
 
 def cached_tokens_to_logits(model: Transformer, params, encoded: jax.Array, inputs: jax.Array):
-    """decode.TokensToLogits over the model's KV cache (the "cache" collection)."""
+    """search.TokensToLogits over the model's KV cache (the "cache" collection)."""
 
     def tokens_to_logits(ids, cache):
         logits, mutated = model.apply(
@@ -135,18 +133,18 @@ def _search(params, inputs, max_lengths, *, models, beam_size, alpha, max_decode
     cache = caches[0] if len(caches) == 1 else tuple(caches)
     if not greedy:
         # The encoders ran once per sentence; their outputs are repeated for the beams.
-        encoded, inputs = decode.expand_to_beams((encoded, inputs), beam_size)
-    fn = decode.ensemble_tokens_to_logits(
+        encoded, inputs = search.expand_to_beams((encoded, inputs), beam_size)
+    fn = search.ensemble_tokens_to_logits(
         [
             cached_tokens_to_logits(m, p, e, inputs)
             for (m, p), e in zip(members, encoded, strict=True)
         ]
     )
     if greedy:
-        return decode.greedy_search(
+        return search.greedy_search(
             fn, cache, batch_size=rows, max_decode_len=max_decode_len, max_lengths=max_lengths
         )
-    out = decode.beam_search(
+    out = search.beam_search(
         fn,
         cache,
         batch_size=rows,
@@ -206,6 +204,7 @@ def translate_ids(
     max_extra_len: int | None = None,
     greedy: bool = False,
     devices: Sequence[jax.Device] | None = None,
+    stats: DecodeStats | None = None,
 ) -> list[np.ndarray]:
     """Source token ids (without EOS) -> output ids (without BOS, up to and incl. EOS), in order.
 
@@ -222,7 +221,9 @@ def translate_ids(
     every local device, each holding a copy of the params), so several devices, or several CPU
     devices on a multi-core host (JAX_NUM_CPU_DEVICES), decode different batches at once. With
     model parallelism (mesh.model > 1) or several processes each batch runs on the whole mesh.
+    `stats`, if given, collects the programs asked for and the sentences decoded twice.
     """
+    stats = DecodeStats() if stats is None else stats
     beam_size = cfg.decode.beam_size if beam_size is None else beam_size
     alpha = cfg.decode.alpha if alpha is None else alpha
     max_extra_len = cfg.decode.max_extra_len if max_extra_len is None else max_extra_len
@@ -276,7 +277,8 @@ def translate_ids(
             if device is not None:
                 args = jax.device_put(args, device)
             max_decode_len = min(src_len + extra, out_limit)
-            _PROGRAMS.add((models, rows, src_len, max_decode_len, beam_size, float(alpha), greedy))
+            program = (models, rows, src_len, max_decode_len, beam_size, float(alpha), greedy)
+            stats.programs.add(program)
             out = _search(
                 placed[n % len(devices)],
                 *args,
@@ -301,7 +303,7 @@ def translate_ids(
         return redo
 
     redo = run_plan(nonempty, short=True) if two_pass else nonempty
-    _REDECODED[0] += len(redo) if two_pass else 0
+    stats.redecoded += len(redo) if two_pass else 0
     if run_plan(redo, short=False):
         raise AssertionError("a full-length decoding buffer cut a search short")  # never
     return results
@@ -318,6 +320,7 @@ def translate_texts(
     alpha: float | None = None,
     max_extra_len: int | None = None,
     greedy: bool = False,
+    stats: DecodeStats | None = None,
 ) -> list[str]:
     """Detokenized translations of `texts`, in input order; an empty line gives an empty line.
 
@@ -335,5 +338,6 @@ def translate_texts(
         alpha=alpha,
         max_extra_len=max_extra_len,
         greedy=greedy,
+        stats=stats,
     )
     return [tokenizer.decode(ids) if len(ids) else "" for ids in outputs]

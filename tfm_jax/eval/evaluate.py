@@ -16,10 +16,9 @@ from tfm_jax import data
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.decode import search, translate
 from tfm_jax.eval import metrics
+from tfm_jax.model import losses, scoring
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.platform import storage
-from tfm_jax.train import losses
-from tfm_jax.train import trainer as train
 
 
 def resolve_split(cfg: ml_collections.ConfigDict, name: str) -> str:
@@ -28,10 +27,10 @@ def resolve_split(cfg: ml_collections.ConfigDict, name: str) -> str:
 
 
 def ensemble_eval_step(params, batch, *, models, label_smoothing: float):
-    """train.eval_step's sums for an ensemble: the loss of the members' mean probability, the
+    """scoring.eval_step's sums for an ensemble: the loss of the members' mean probability, the
     distribution its beam search follows (decode/search.ensemble_tokens_to_logits)."""
     mean = search.mean_probability_logits([
-        train.model_forward(m, p, batch, deterministic=True)
+        scoring.model_forward(m, p, batch, deterministic=True)
         for m, p in zip(models, params, strict=True)
     ])  # fmt: skip
     return losses.cross_entropy_sums(mean, batch["targets"], label_smoothing)
@@ -39,17 +38,17 @@ def ensemble_eval_step(params, batch, *, models, label_smoothing: float):
 
 def perplexity(cfg, model, params, tokenizer, split: str) -> dict[str, float]:
     """Per-token NLL and perplexity of the references (teacher forcing), as in Table 3: the
-    training loop's own implementation (train.perplexity) over the model being decoded, or
+    training loop's own implementation (scoring.perplexity) over the model being decoded, or
     over an ensemble's mean probability when `model` and `params` are sequences."""
     models, params = translate.as_members(model, params)
     smoothing = cfg.loss.label_smoothing
     if len(models) == 1:
-        step = functools.partial(train.eval_step, model=models[0], label_smoothing=smoothing)
+        step = functools.partial(scoring.eval_step, model=models[0], label_smoothing=smoothing)
         params = params[0]
     else:
         step = functools.partial(ensemble_eval_step, models=models, label_smoothing=smoothing)
     batches = data.make_eval_batches(cfg.data, tokenizer, split)
-    return train.perplexity(jax.jit(step), params, batches)
+    return scoring.perplexity(jax.jit(step), params, batches)
 
 
 def _alpha_name(alpha: float) -> str:

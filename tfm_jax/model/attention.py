@@ -49,19 +49,22 @@ def dot_product_attention(
     dropout_rng: Array | None = None,
     deterministic: bool = True,
     kv_layout: str = "bkhd",
+    product: str = "auto",
 ) -> tuple[Array, Array]:
     """§3.2.1 softmax(Q K^T / sqrt(d_k)) V over the key axis.
 
     query [b, q, h, d_k], key [b, k, h, d_k], value [b, k, h, d_v], mask broadcastable to
     [b, h, q, k] (True = attend). Returns (output [b, q, h, d_v], weights [b, h, q, k]).
     kv_layout="bhkd": key/value come heads-first, [b, h, k, d] (the decoding caches' layout, so
-    that the whole cache is not transposed at every step).
+    that the whole cache is not transposed at every step). product: matmul.einsum's.
     """
     if kv_layout not in ("bkhd", "bhkd"):
         raise ValueError(f"kv_layout must be 'bkhd' or 'bhkd', got {kv_layout!r}")
     d_k = query.shape[-1]
     # The softmax runs in float32 even for bf16 compute: exp() of bf16 scores loses too much.
-    scores = matmul.einsum(f"bqhd,{kv_layout}->bhqk", query, key, query.dtype, jnp.float32)
+    scores = matmul.einsum(
+        f"bqhd,{kv_layout}->bhqk", query, key, query.dtype, jnp.float32, product=product
+    )
     scores = scores / jnp.sqrt(jnp.float32(d_k))
     if mask is not None:
         # A large finite negative, not -inf: a row with every key masked (an all-pad row) then
@@ -73,7 +76,9 @@ def dot_product_attention(
     if not deterministic and dropout_rate > 0.0:
         keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
         weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-    out = matmul.einsum(f"bhqk,{kv_layout}->bqhd", weights, value, value.dtype)  # [b, q, h, d_v]
+    out = matmul.einsum(
+        f"bhqk,{kv_layout}->bqhd", weights, value, value.dtype, product=product
+    )  # [b, q, h, d_v]
     return out, weights.astype(value.dtype)
 
 
@@ -93,6 +98,7 @@ class MultiHeadAttention(nn.Module):
     param_dtype: jnp.dtype = jnp.float32
     kernel_init: Initializer = nn.initializers.xavier_uniform()
     sow_weights: bool = False
+    product: str = "auto"  # matmul.einsum's bf16 product (model/matmul.py)
 
     @nn.compact
     def __call__(
@@ -122,7 +128,7 @@ class MultiHeadAttention(nn.Module):
                               self.param_dtype)  # fmt: skip
 
         def proj(w: Array, x: Array) -> Array:  # [b, l, d_model] -> [b, l, h, features]
-            return matmul.einsum("bld,dhf->blhf", x, w, self.dtype)
+            return matmul.einsum("bld,dhf->blhf", x, w, self.dtype, product=self.product)
 
         w_k, w_v = kernel("key", self.d_k), kernel("value", self.d_v)
         query = proj(kernel("query", self.d_k), inputs_q)  # [b, q, h, d_k]
@@ -153,6 +159,7 @@ class MultiHeadAttention(nn.Module):
             dropout_rng=dropout_rng,
             deterministic=deterministic,
             kv_layout=kv_layout,
+            product=self.product,
         )
         if self.sow_weights:
             self.sow("intermediates", "attention_weights", weights)
@@ -160,7 +167,8 @@ class MultiHeadAttention(nn.Module):
         w_out = self.param(
             "out", out_init, (self.num_heads, self.d_v, self.d_model), self.param_dtype
         )
-        return matmul.einsum("bqhf,hfd->bqd", out, w_out, self.dtype)  # [b, q, d_model]
+        out = matmul.einsum("bqhf,hfd->bqd", out, w_out, self.dtype, product=self.product)
+        return out  # [b, q, d_model]
 
     # Decoding caches keep keys/values heads-first, [b, h, len, d]: attention then reads them
     # as they are, where the [b, len, h, d] layout cost a transpose of the whole cache per

@@ -30,6 +30,7 @@ class SharedEmbedding(nn.Module):
     d_model: int
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    product: str = "auto"  # matmul.einsum's bf16 product (model/matmul.py)
 
     def setup(self):
         # std d_model^-0.5 so that the embedding times sqrt(d_model) has unit scale, as in
@@ -52,7 +53,9 @@ class SharedEmbedding(nn.Module):
         The logits are float32 whatever the compute dtype: the softmax and loss run in float32,
         and a bf16 round trip of the [b, l, vocab] logits would cost memory traffic and precision.
         """
-        return matmul.einsum("bld,vd->blv", x, self.embedding, self.dtype, jnp.float32)
+        return matmul.einsum(
+            "bld,vd->blv", x, self.embedding, self.dtype, jnp.float32, product=self.product
+        )
 
 
 class PositionalEncoding(nn.Module):

@@ -27,32 +27,32 @@ from tfm_jax import platform
 Array = jax.Array
 
 
-def einsum(spec: str, a: Array, b: Array, dtype=jnp.float32, out_dtype=None) -> Array:
+def einsum(
+    spec: str, a: Array, b: Array, dtype=jnp.float32, out_dtype=None, *, product: str = "auto"
+) -> Array:
     """jnp.einsum(spec, a, b) computed in `dtype`, returned in `out_dtype` (default `dtype`).
 
     spec is a two-operand einsum "ab,bc->ac" in which every index of a term appears in at least
     one other term (no index summed within one operand): the gradients are then einsums too.
+    product: how a bf16 product is computed, `platform.PRODUCTS` ("einsum", "cpu_canonical",
+    or "auto" for this process's backend); passed down by the module that calls it, so the
+    same model object always computes the same way.
     """
     out_dtype = jnp.dtype(out_dtype or dtype)
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.einsum(spec, a, b).astype(out_dtype)
     _check_spec(spec)
-    lhs, rhs, _ = _terms(spec)
+    lhs, rhs, _ = platform.einsum_terms(spec)
     if (a.ndim, b.ndim) != (len(lhs), len(rhs)):
         raise ValueError(f"matmul.einsum {spec!r}: operands of rank {a.ndim} and {b.ndim}")
-    return _mixed_einsum(spec, jnp.dtype(dtype), out_dtype, a.dtype, b.dtype, a, b)
-
-
-def _terms(spec: str) -> tuple[str, str, str]:
-    inputs, out = spec.replace(" ", "").split("->")
-    lhs, rhs = inputs.split(",")
-    return lhs, rhs, out
+    impl = platform.resolve_product(product)
+    return _mixed_einsum(spec, jnp.dtype(dtype), out_dtype, a.dtype, b.dtype, impl, a, b)
 
 
 @functools.cache
 def _check_spec(spec: str) -> None:
     try:
-        terms = _terms(spec)
+        terms = platform.einsum_terms(spec)
     except ValueError:
         raise ValueError(f"matmul.einsum needs 'lhs,rhs->out', got {spec!r}") from None
     for i, term in enumerate(terms):
@@ -66,27 +66,27 @@ def _check_spec(spec: str) -> None:
             )
 
 
-def _product(spec: str, a: Array, b: Array, dtype, out_dtype) -> Array:
-    """One bf16 x bf16 -> f32 product, by the implementation the platform seam chose."""
-    return platform.product()(spec, a, b, dtype, out_dtype)
+def _product(spec: str, a: Array, b: Array, dtype, out_dtype, impl: str) -> Array:
+    """One bf16 x bf16 -> f32 product, by the implementation `impl` names (platform seam)."""
+    return platform.product_function(impl)(spec, a, b, dtype, out_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4))
-def _mixed_einsum(spec, dtype, out_dtype, a_dtype, b_dtype, a, b):
-    return _product(spec, a, b, dtype, out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3, 4, 5))
+def _mixed_einsum(spec, dtype, out_dtype, a_dtype, b_dtype, impl, a, b):
+    return _product(spec, a, b, dtype, out_dtype, impl)
 
 
-def _mixed_fwd(spec, dtype, out_dtype, a_dtype, b_dtype, a, b):
+def _mixed_fwd(spec, dtype, out_dtype, a_dtype, b_dtype, impl, a, b):
     # Residuals in the compute dtype: what the product read, and half the memory of f32 weights.
-    return _product(spec, a, b, dtype, out_dtype), (a.astype(dtype), b.astype(dtype))
+    return _product(spec, a, b, dtype, out_dtype, impl), (a.astype(dtype), b.astype(dtype))
 
 
-def _mixed_bwd(spec, dtype, out_dtype, a_dtype, b_dtype, residuals, g):
+def _mixed_bwd(spec, dtype, out_dtype, a_dtype, b_dtype, impl, residuals, g):
     a, b = residuals
-    lhs, rhs, out = _terms(spec)
+    lhs, rhs, out = platform.einsum_terms(spec)
     g = g.astype(dtype)
-    da = _product(f"{out},{rhs}->{lhs}", g, b, dtype, a_dtype)
-    db = _product(f"{lhs},{out}->{rhs}", a, g, dtype, b_dtype)
+    da = _product(f"{out},{rhs}->{lhs}", g, b, dtype, a_dtype, impl)
+    db = _product(f"{lhs},{out}->{rhs}", a, g, dtype, b_dtype, impl)
     return da, db
 
 

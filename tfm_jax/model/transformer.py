@@ -32,6 +32,7 @@ class Dense(nn.Module):
     axes: tuple[str, str]  # logical axes of the kernel
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    product: str = "auto"  # matmul.einsum's bf16 product (model/matmul.py)
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
@@ -39,7 +40,8 @@ class Dense(nn.Module):
         kernel = self.param("kernel", init, (x.shape[-1], self.features), self.param_dtype)
         bias_init = nn.with_logical_partitioning(nn.initializers.zeros, self.axes[1:])
         bias = self.param("bias", bias_init, (self.features,), self.param_dtype)
-        return matmul.einsum("bld,df->blf", x, kernel, self.dtype) + bias.astype(self.dtype)
+        out = matmul.einsum("bld,df->blf", x, kernel, self.dtype, product=self.product)
+        return out + bias.astype(self.dtype)
 
 
 class FeedForward(nn.Module):
@@ -49,10 +51,13 @@ class FeedForward(nn.Module):
     d_ff: int
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
+    product: str = "auto"
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        dense = functools.partial(Dense, dtype=self.dtype, param_dtype=self.param_dtype)
+        dense = functools.partial(
+            Dense, dtype=self.dtype, param_dtype=self.param_dtype, product=self.product
+        )
         h = nn.relu(dense(self.d_ff, ("embed", "mlp"), name="wi")(x))  # [b, l, d_ff]
         h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
         return dense(self.d_model, ("mlp", "embed"), name="wo")(h)  # [b, l, d_model]
@@ -97,18 +102,21 @@ class _Layer(nn.Module):
     attention_dropout: float
     norm: str
     dtype: jnp.dtype = jnp.float32
+    product: str = "auto"
 
     def attention(self, name: str) -> MultiHeadAttention:
         return MultiHeadAttention(
             self.num_heads, self.d_k, self.d_v, self.d_model, self.attention_dropout,
-            dtype=self.dtype, name=name,
+            dtype=self.dtype, product=self.product, name=name,
         )  # fmt: skip
 
     def sublayer(self, name: str) -> SubLayer:
         return SubLayer(self.norm, self.dropout, self.dtype, name=name)
 
     def ffn(self) -> FeedForward:
-        return FeedForward(self.d_model, self.d_ff, dtype=self.dtype, name="ffn")
+        return FeedForward(
+            self.d_model, self.d_ff, dtype=self.dtype, product=self.product, name="ffn"
+        )
 
 
 class EncoderLayer(_Layer):
@@ -177,7 +185,7 @@ class _ScannedDecoderLayer(_Layer):
 
 def _layer_fields(module: _Layer) -> dict:
     names = ("d_model", "d_ff", "num_heads", "d_k", "d_v", "dropout", "attention_dropout", "norm",
-             "dtype")  # fmt: skip
+             "dtype", "product")  # fmt: skip
     return {f: getattr(module, f) for f in names}
 
 
@@ -253,15 +261,21 @@ class Transformer(nn.Module):
     # (params stacked on a leading "layers" axis). Teacher forcing only; incremental decoding
     # runs the unrolled model on `unstack_layers(params)`.
     scan_layers: bool = False
+    # How a bf16 x bf16 -> f32 product is computed (model/matmul.py): "einsum", "cpu_canonical",
+    # or "auto" for this process's backend. Not a `model.*` key: scoring.make_model sets it from
+    # platform.product, resolved for the devices the program is compiled for.
+    product: str = "auto"
 
     def setup(self):
         dtype = DTYPES[self.dtype]
         layer_kw = dict(
             d_model=self.d_model, d_ff=self.d_ff, num_heads=self.num_heads, d_k=self.d_k,
             d_v=self.d_v, dropout=self.dropout, attention_dropout=self.attention_dropout,
-            norm=self.norm, dtype=dtype,
+            norm=self.norm, dtype=dtype, product=self.product,
         )  # fmt: skip
-        self.embed = SharedEmbedding(self.vocab_size, self.d_model, dtype=dtype)
+        self.embed = SharedEmbedding(
+            self.vocab_size, self.d_model, dtype=dtype, product=self.product
+        )
         self.src_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
         self.tgt_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
         if self.scan_layers:

@@ -4,7 +4,8 @@ Every entry point calls `init_runtime(cfg)` once (as MaxText's trainers do); the
 and the decoder then read the same on every backend. What it decides:
 
 - bf16 x bf16 -> f32 products (`platform.product`): on CPU `cpu.canonical_product` (the one
-  layout YNNPACK runs); elsewhere one einsum with `preferred_element_type`.
+  layout YNNPACK runs); elsewhere one einsum with `preferred_element_type`. The model carries
+  the choice (scoring.make_model resolves it for the devices it is compiled for): no global.
 - dropout bits (`train.dropout_prng="auto"`): on CPU `threefry_fused` (prng.py, 1.18x the base
   step); elsewhere `threefry`, JAX's own lowering. The same bits either way.
 - malloc tunables (host.py, before JAX starts): CPU hosts only.
@@ -36,6 +37,13 @@ def backend() -> str:
     return jax.default_backend()
 
 
+def einsum_terms(spec: str) -> tuple[str, str, str]:
+    """'lhs,rhs->out' of a two-operand einsum spec, as (lhs, rhs, out)."""
+    inputs, out = spec.replace(" ", "").split("->")
+    lhs, rhs = inputs.split(",")
+    return lhs, rhs, out
+
+
 def plain_product(spec: str, a, b, dtype, out_dtype):
     """bf16 operands, f32 sums, any layout: one einsum, as GPU and TPU libraries run it."""
     import jax.numpy as jnp
@@ -53,9 +61,6 @@ class Runtime:
     compilation_cache_dir: str | None
 
 
-_product_name: str = "auto"  # set by init_runtime; "auto" resolves on first use
-
-
 def platform_of(devices) -> str:
     """ "cpu", "gpu" or "tpu": the platform of the devices a program is compiled for, which may
     not be the host's (compile-only devices of a TPU topology on a CPU host, platform/targets.py).
@@ -67,7 +72,10 @@ def platform_of(devices) -> str:
     return "gpu" if name in ("cuda", "rocm") else name
 
 
-def _resolve_product(name: str, target: str | None = None) -> str:
+def resolve_product(name: str, target: str | None = None) -> str:
+    """`platform.product` with "auto" resolved for `target` (default: this process's backend):
+    "cpu_canonical" on CPU, "einsum" elsewhere. The model carries the result (Transformer's
+    `product`), set by scoring.make_model for the devices its program is compiled for."""
     if name not in PRODUCTS:
         raise ValueError(f"platform.product={name!r}: use one of {', '.join(PRODUCTS)}")
     if name == "auto":
@@ -75,14 +83,9 @@ def _resolve_product(name: str, target: str | None = None) -> str:
     return name
 
 
-def resolved_product() -> str:
-    """The product `matmul.einsum` traces with now: "einsum" or "cpu_canonical"."""
-    return _resolve_product(_product_name)
-
-
-def product() -> Callable:
-    """The bf16 x bf16 -> f32 product implementation `matmul.einsum` uses (read at trace time)."""
-    if _resolve_product(_product_name) == "cpu_canonical":
+def product_function(name: str) -> Callable:
+    """The bf16 x bf16 -> f32 product implementation `name` ("einsum", "cpu_canonical")."""
+    if resolve_product(name) == "cpu_canonical":
         from tfm_jax.platform import cpu
 
         return cpu.canonical_product
@@ -149,13 +152,10 @@ def init_runtime(cfg: Any = None, target: str | None = None) -> Runtime:
     is not the host's backend (`python -m tfm_jax compile --target=...` on a CPU host); "auto"
     choices then resolve for it.
     """
-    global _product_name
     settings = getattr(cfg, "platform", None) if cfg is not None else None
     product_setting = settings.product if settings is not None else "auto"
     cache_setting = settings.compilation_cache if settings is not None else "auto"
-    # resolved now, for the target: "auto" left as is would resolve against the host at trace time
-    _product_name = _resolve_product(product_setting, target) if target else product_setting
     cache_dir = _setup_compilation_cache(cache_setting)
-    runtime = Runtime(target or backend(), _resolve_product(_product_name), cache_dir)
+    runtime = Runtime(target or backend(), resolve_product(product_setting, target), cache_dir)
     log.debug("platform: %s", runtime)
     return runtime

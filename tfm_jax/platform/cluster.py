@@ -159,3 +159,37 @@ def node_layout(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
     if task is not None:
         return task.tasks_on_node, task.node_gpus
     return 1, _visible_gpus(env)  # a deliberate CUDA_VISIBLE_DEVICES is not a mistake
+
+
+def maybe_initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> int:
+    """Joins a multi-host run when one is configured (a no-op on a single host); returns this
+    process's index.
+
+    Explicit arguments (e.g. a 2-process run on localhost) win; otherwise SLURM, Open MPI and
+    multi-host TPU environments are detected (platform/cluster.py decides the local devices
+    under SLURM, where JAX alone would give each process one GPU), and JAX finds the rest. Set
+    TFM_JAX_DISTRIBUTED=1 to force auto-detection where no such variable is visible.
+    """
+    import jax
+
+    if coordinator_address:
+        # CPU collectives across processes need an implementation; gloo ships with jaxlib. It
+        # only affects the CPU backend, and asking which backend is in use would initialize it
+        # (which jax.distributed.initialize must precede).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+    else:
+        kwargs = distributed_kwargs()
+        if kwargs is None:
+            return 0
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only SLURM jobs
+        jax.distributed.initialize(**kwargs)
+    return jax.process_index()  # the run's first lines (platform.describe) say the rest

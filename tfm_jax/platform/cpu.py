@@ -20,14 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tfm_jax.platform import einsum_terms
+
 Array = jax.Array
 log = logging.getLogger(__name__)
-
-
-def terms(spec: str) -> tuple[str, str, str]:
-    inputs, out = spec.replace(" ", "").split("->")
-    lhs, rhs = inputs.split(",")
-    return lhs, rhs, out
 
 
 def _transpose(x: Array, perm: list[int]) -> Array:
@@ -52,7 +48,7 @@ def canonical_product(spec: str, a: Array, b: Array, dtype, out_dtype) -> Array:
     Eigen, which has no kernel for it ("Unsupported element type for DotThunk"). So operands are
     transposed into that form explicitly, and kept there.
     """
-    lhs, rhs, out = terms(spec)
+    lhs, rhs, out = einsum_terms(spec)
     free = [c for c in out if not (c in lhs and c in rhs)]
     if free and free[0] in rhs:  # out is [batch, rhs-free, lhs-free]: swap, no output transpose
         lhs, rhs, a, b = rhs, lhs, b, a

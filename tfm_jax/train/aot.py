@@ -27,10 +27,10 @@ from jax.sharding import Mesh
 
 from tfm_jax import platform
 from tfm_jax.data import plans
-from tfm_jax.model import flops as model_flops
+from tfm_jax.model import flops, sharding
+from tfm_jax.model.scoring import SEGMENT_KEYS
 from tfm_jax.platform.targets import Target
-from tfm_jax.train import sharding
-from tfm_jax.train.trainer import SEGMENT_KEYS, make_trainer, xla_flops
+from tfm_jax.train.trainer import make_trainer, xla_flops
 
 log = logging.getLogger(__name__)
 
@@ -189,10 +189,10 @@ def compile_for_target(
         rows, src_len, tgt_len = program.shape
         if name == "train_step":
             fn, args = trainer.train_step_fn, (trainer.abstract_state, batch)
-            analytic = model_flops.matmul_flops(cfg.model, rows, src_len, tgt_len)
+            analytic = flops.matmul_flops(cfg.model, rows, src_len, tgt_len)
         else:
             fn, args = trainer.eval_step_fn, (trainer.abstract_state.params, batch)
-            analytic = model_flops.forward_flops(cfg.model, rows, src_len, tgt_len)
+            analytic = flops.forward_flops(cfg.model, rows, src_len, tgt_len)
         with trainer.context():
             start = time.perf_counter()
             lowered = fn.lower(*args)

@@ -1,6 +1,6 @@
 """The training loop: setup, the step loop, periodic evaluation, checkpoints and metrics.
 
-Split from train.py (the pure step functions) so that each part can be tested on its own:
+Apart from trainer.py (the pure step functions) so that each part can be tested on its own:
 `setup_run` builds everything from a config, `train_loop` only iterates.
 """
 
@@ -22,13 +22,14 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from tfm_jax import data, platform
-from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.config import paths
-from tfm_jax.platform import cluster, lease, report, storage
-from tfm_jax.platform import host as host_memory
-from tfm_jax.train import losses, preemption, resume, sharding
+from tfm_jax.model import losses, sharding
+from tfm_jax.model.scoring import perplexity
+from tfm_jax.platform import cluster, host, lease, report, storage
+from tfm_jax.train import preemption, resume
 from tfm_jax.train.profile import Profiler
-from tfm_jax.train.trainer import CompiledStep, Trainer, TrainState, make_trainer, perplexity
+from tfm_jax.train.trainer import CompiledStep, Trainer, TrainState, make_trainer
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class Run:
     tokenizer: data.Tokenizer
     train_iter: data.TrainIterator
     eval_batches: list
-    checkpointer: checkpoint.Checkpointer
+    checkpointer: Checkpointer
     state: TrainState
     start_step: int
     lease: lease.WorkdirLease | None = None  # process 0's hold on the workdir
@@ -71,7 +72,7 @@ def log_platform(cfg: ml_collections.ConfigDict, trainer: Trainer) -> None:
     device's memory; then a warning for accelerators this node's processes leave idle, and for
     bf16 on a CPU that emulates it."""
     backend, local = platform.backend(), jax.local_devices()
-    native = report.bf16_native(backend, local[0], host_memory.cpu_has_bf16())
+    native = report.bf16_native(backend, local[0], host.cpu_has_bf16())
     for line in report.run_header(
         backend=backend,
         device_kind=local[0].device_kind,
@@ -83,13 +84,13 @@ def log_platform(cfg: ml_collections.ConfigDict, trainer: Trainer) -> None:
         dtype=cfg.model.dtype,
         native=native,
         memory=report.device_memory(local),
-        host_memory_bytes=host_memory.memory_limit_bytes(),
+        host_memory_bytes=host.memory_limit_bytes(),
     ):
         log.info("%s", line)
     idle = cluster.layout_warning(backend, len(local), *cluster.node_layout())
     if idle:
         log.warning("%s", idle)
-    slow_bf16 = host_memory.bf16_warning(cfg.model.dtype, backend, native)
+    slow_bf16 = host.bf16_warning(cfg.model.dtype, backend, native)
     if slow_bf16:
         log.warning("%s", slow_bf16)
 
@@ -125,7 +126,7 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     )
     train_iter = data.make_train_iterator(cfg.data, tokenizer, seed=cfg.train.seed, **shard)
     eval_batches = data.make_eval_batches(cfg.data, tokenizer, cfg.data.eval_split, **shard)
-    ckpt = checkpoint.Checkpointer(
+    ckpt = Checkpointer(
         workdir,
         every_steps=cfg.train.checkpoint_every_steps,
         every_secs=cfg.train.checkpoint_every_secs,
@@ -283,7 +284,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     t_log = time.time()
     metrics: dict[str, Any] = {}
     # read once: neither the host's memory nor this process's malloc settings change
-    memory_limit, tunables = host_memory.memory_limit_bytes(), host_memory.tunables_active()
+    memory_limit, tunables = host.memory_limit_bytes(), host.tunables_active()
     memory_warned = False
     local_devices = jax.local_devices()
     profiler = Profiler(cfg.train.profile_steps, run.workdir, enabled=lead)
@@ -327,20 +328,20 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
 
             if step % cfg.train.log_every_steps == 0 or step == num_steps:
                 check_finite(acc, step)
-                host = losses.normalize_metrics(jax.device_get(acc))
+                sums = losses.normalize_metrics(jax.device_get(acc))  # on the host now
                 dt = time.time() - t_log
                 updates = step // cfg.optim.accumulate_steps
-                rss, peak_rss = host_memory.resident_bytes()
+                rss, peak_rss = host.resident_bytes()
                 if not memory_warned:
-                    warning = host_memory.memory_warning(rss, memory_limit, tunables)
+                    warning = host.memory_warning(rss, memory_limit, tunables)
                     if warning:
                         log.warning("step %d: %s", step, warning)
                         memory_warned = True
                 metrics = {
-                    **host,
+                    **sums,
                     "lr": float(trainer.schedule(max(updates - 1, 0))),
                     "grad_norm": float(acc["grad_norm"]) / acc_steps,
-                    "target_tokens_per_s": host["tokens"] / dt,
+                    "target_tokens_per_s": sums["tokens"] / dt,
                     "steps_per_s": acc_steps / dt,
                     "padding_efficiency": acc_real / max(acc_slots, 1),
                     "flops_per_s": acc_flops / dt,

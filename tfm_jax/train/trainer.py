@@ -1,4 +1,7 @@
-"""TrainState, the pure train/eval step functions and their sharded, jitted forms."""
+"""TrainState, the pure train step, and the sharded, jitted train and eval steps of a run.
+
+The model, its params' shapes and the eval step it shares with evaluation are model/scoring.py's.
+"""
 
 from __future__ import annotations
 
@@ -18,19 +21,12 @@ import optax
 from jax.sharding import Mesh
 
 from tfm_jax import platform
-from tfm_jax.model import flops
+from tfm_jax.model import flops, losses, scoring, sharding
+from tfm_jax.model.scoring import Batch
 from tfm_jax.model.transformer import Transformer
-from tfm_jax.train import losses, optim, prng, sharding
+from tfm_jax.train import optim, prng
 
 log = logging.getLogger(__name__)
-
-Batch = dict[str, jax.Array]
-SEGMENT_KEYS = (
-    "inputs_segmentation",
-    "targets_segmentation",
-    "inputs_position",
-    "targets_position",
-)
 
 
 @flax.struct.dataclass
@@ -41,27 +37,6 @@ class TrainState:
     params: Any
     opt_state: Any
     rng: jax.Array  # raw uint32 key: dropout rngs are fold_in(rng, step)
-
-
-def make_model(cfg: ml_collections.ConfigDict) -> Transformer:
-    return Transformer(**cfg.model)
-
-
-def _dummy_batch(length: int = 8) -> tuple[jax.Array, jax.Array]:
-    return jnp.ones((1, length), jnp.int32), jnp.ones((1, length), jnp.int32)
-
-
-def model_forward(model: Transformer, params, batch: Batch, *, deterministic: bool, rngs=None):
-    """Teacher-forced logits for a batch dict (packed or not)."""
-    extra = {k: batch[k] for k in SEGMENT_KEYS if k in batch}
-    return model.apply(
-        {"params": params},
-        batch["inputs"],
-        batch["targets"],
-        **extra,
-        deterministic=deterministic,
-        rngs=rngs,
-    )
 
 
 def train_step(
@@ -77,7 +52,7 @@ def train_step(
     dropout_rng = prng.dropout_key(jax.random.fold_in(state.rng, state.step), dropout_prng)
 
     def loss_fn(params):
-        logits = model_forward(
+        logits = scoring.model_forward(
             model, params, batch, deterministic=False, rngs={"dropout": dropout_rng}
         )
         sums = losses.cross_entropy_sums(logits, batch["targets"], label_smoothing)
@@ -91,32 +66,6 @@ def train_step(
     metrics["grad_norm"] = optax.global_norm(grads)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
-
-
-def eval_step(params, batch: Batch, *, model: Transformer, label_smoothing: float):
-    """Summed loss / NLL / accuracy / token count of one batch (normalize on the host)."""
-    logits = model_forward(model, params, batch, deterministic=True)
-    return losses.cross_entropy_sums(logits, batch["targets"], label_smoothing)
-
-
-def perplexity(
-    eval_step: Callable[[Any, Batch], dict], params, batches, mesh: Mesh | None = None
-) -> dict[str, float]:
-    """Token-weighted loss, NLL, perplexity and accuracy over a split's batches (Table 3's PPL).
-
-    The one implementation: training passes its sharded Trainer.eval_step and mesh (each batch
-    placed as one global array over the mesh), evaluation the jitted eval_step of the model it
-    decodes with. The sums stay on the device until the end.
-    """
-    total = None
-    for batch in batches:
-        if mesh is not None:
-            batch = sharding.global_batch(batch, mesh)
-        sums = eval_step(params, batch)
-        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-    if total is None:
-        raise ValueError("perplexity of no batches: the split is empty")
-    return losses.normalize_metrics(jax.device_get(total))
 
 
 @dataclasses.dataclass
@@ -253,20 +202,11 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
     """
     mesh = mesh or sharding.make_mesh(cfg.mesh.data, cfg.mesh.model)
     target = platform.platform_of(mesh.devices.flat)  # compile-only devices: not the host's
-    if target != "cpu" and platform.resolved_product() == "cpu_canonical":
-        log.warning(
-            "the %s mesh is traced with the CPU product (platform.product resolved on this "
-            "host): call platform.init_runtime(cfg, target=%r) first for the %s program",
-            target,
-            target,
-            target,
-        )
-    model = make_model(cfg)
+    model = scoring.make_model(cfg, target)  # its numerics resolved for that target
     tx, schedule = optim.make_optimizer_and_schedule(**cfg.optim)  # the loop logs schedule
 
     def boxed_init(rng):
-        inputs, targets = _dummy_batch()
-        params = model.init(rng, inputs, targets)["params"]
+        params = scoring.boxed_params(model, rng)
         # optax maps over the LogicallyPartitioned boxes, so its state carries the axis names too
         return TrainState(
             step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params), rng=rng
@@ -300,7 +240,7 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
         donate_argnums=(0,),
     )
     eval_fn = jax.jit(
-        functools.partial(eval_step, model=model, label_smoothing=cfg.loss.label_smoothing),
+        functools.partial(scoring.eval_step, model=model, label_smoothing=cfg.loss.label_smoothing),
         in_shardings=(state_shardings.params, batch_sharding),
         out_shardings=metric_sharding,
     )
@@ -316,11 +256,3 @@ def make_trainer(cfg: ml_collections.ConfigDict, mesh: Mesh | None = None) -> Tr
         train_step_fn=train_step_fn,
         eval_step_fn=eval_fn,
     )
-
-
-def count_params(cfg: ml_collections.ConfigDict) -> int:
-    """Parameter count of cfg.model from shapes alone (jax.eval_shape: nothing is allocated)."""
-    model = make_model(cfg)
-    inputs, targets = _dummy_batch()
-    shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), inputs, targets)["params"]
-    return sum(int(x.size) for x in jax.tree.leaves(nn.unbox(shapes)))

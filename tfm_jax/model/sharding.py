@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules and multi-host setup.
+"""Device mesh and logical-axis rules (joining a multi-host run is platform/cluster.py's).
 
 Params and activations name logical axes ("batch", "heads", "mlp", ...); `cfg.mesh.rules` maps
 them onto the mesh axes ("data", "model"). One jitted program then runs on 1 CPU, 8 simulated
@@ -18,43 +18,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tfm_jax import platform
-from tfm_jax.platform import cluster
 
 log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "model")
-
-
-def maybe_initialize_distributed(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-) -> int:
-    """Joins a multi-host run when one is configured (a no-op on a single host); returns this
-    process's index.
-
-    Explicit arguments (e.g. a 2-process run on localhost) win; otherwise SLURM, Open MPI and
-    multi-host TPU environments are detected (platform/cluster.py decides the local devices
-    under SLURM, where JAX alone would give each process one GPU), and JAX finds the rest. Set
-    TFM_JAX_DISTRIBUTED=1 to force auto-detection where no such variable is visible.
-    """
-    if coordinator_address:
-        # CPU collectives across processes need an implementation; gloo ships with jaxlib. It
-        # only affects the CPU backend, and asking which backend is in use would initialize it
-        # (which jax.distributed.initialize must precede).
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=coordinator_address,
-            num_processes=num_processes,
-            process_id=process_id,
-        )
-    else:
-        kwargs = cluster.distributed_kwargs()
-        if kwargs is None:
-            return 0
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU-only SLURM jobs
-        jax.distributed.initialize(**kwargs)
-    return jax.process_index()  # the run's first lines (platform.describe) say the rest
 
 
 def make_mesh(data: int = -1, model: int = 1, devices: Sequence | None = None) -> Mesh:
