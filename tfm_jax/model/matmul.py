@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from tfm_jax import platform
+from tfm_jax.platform.products import einsum_terms
 
 Array = jax.Array
 
@@ -42,7 +43,7 @@ def einsum(
     if jnp.dtype(dtype) == jnp.float32:
         return jnp.einsum(spec, a, b).astype(out_dtype)
     _check_spec(spec)
-    lhs, rhs, _ = platform.einsum_terms(spec)
+    lhs, rhs, _ = einsum_terms(spec)
     if (a.ndim, b.ndim) != (len(lhs), len(rhs)):
         raise ValueError(f"matmul.einsum {spec!r}: operands of rank {a.ndim} and {b.ndim}")
     impl = platform.resolve_product(product)
@@ -52,7 +53,7 @@ def einsum(
 @functools.cache
 def _check_spec(spec: str) -> None:
     try:
-        terms = platform.einsum_terms(spec)
+        terms = einsum_terms(spec)
     except ValueError:
         raise ValueError(f"matmul.einsum needs 'lhs,rhs->out', got {spec!r}") from None
     for i, term in enumerate(terms):
@@ -83,7 +84,7 @@ def _mixed_fwd(spec, dtype, out_dtype, a_dtype, b_dtype, impl, a, b):
 
 def _mixed_bwd(spec, dtype, out_dtype, a_dtype, b_dtype, impl, residuals, g):
     a, b = residuals
-    lhs, rhs, out = platform.einsum_terms(spec)
+    lhs, rhs, out = einsum_terms(spec)
     g = g.astype(dtype)
     da = _product(f"{out},{rhs}->{lhs}", g, b, dtype, a_dtype, impl)
     db = _product(f"{lhs},{out}->{rhs}", a, g, dtype, b_dtype, impl)

@@ -24,6 +24,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from tfm_jax.platform.products import plain_product
+
 log = logging.getLogger(__name__)
 
 PRODUCTS = ("auto", "einsum", "cpu_canonical")
@@ -35,21 +37,6 @@ def backend() -> str:
     import jax
 
     return jax.default_backend()
-
-
-def einsum_terms(spec: str) -> tuple[str, str, str]:
-    """'lhs,rhs->out' of a two-operand einsum spec, as (lhs, rhs, out)."""
-    inputs, out = spec.replace(" ", "").split("->")
-    lhs, rhs = inputs.split(",")
-    return lhs, rhs, out
-
-
-def plain_product(spec: str, a, b, dtype, out_dtype):
-    """bf16 operands, f32 sums, any layout: one einsum, as GPU and TPU libraries run it."""
-    import jax.numpy as jnp
-
-    out = jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
-    return out.astype(out_dtype)
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tfm_jax.platform import einsum_terms
+from tfm_jax.platform.products import einsum_terms
 
 Array = jax.Array
 log = logging.getLogger(__name__)
