@@ -5,8 +5,9 @@ Each run is `python -m tfm_jax train --config=configs/table3.py:ROW` plus these 
 so a seed gives every row the same batches in the same order.
 
   paper  the paper's rows as they are (WMT14 EN-DE through tfds, 100K steps; big 300K).
-  small  Multi30k EN-DE on a 2-core CPU: every row scaled by the same factors (widths x 1/4,
-         layers x 1/2), 1,200 steps by default (big 3x).
+  small  Multi30k EN-DE on a 2-core CPU with configs/small.py's data settings (read from it,
+         not restated): every row scaled by the same factors (widths x 1/4, layers x 1/2),
+         1,200 steps by default (big 3x), and a schedule and batch of its own (SMALL_CHANGES).
   gpu    the small preset's runs on one GPU (sweep.py runs them --parallel).
   micro  a seconds-long smoke test of the harness itself (CI).
 """
@@ -16,12 +17,40 @@ from __future__ import annotations
 import os
 
 from experiments import REPO
-from tfm_jax.config.build import load_config_module
+from tfm_jax.config import paths
+from tfm_jax.config.build import load_config_file, load_config_module
 from tfm_jax.platform import storage
 
 # The rows (and the paper's numbers) live in the config file the runs are started with.
 TABLE3_CONFIG = load_config_module(os.path.join(REPO, "configs", "table3.py"))
 TABLE3 = TABLE3_CONFIG.ROWS
+# The small preset's data and settings: the CPU config's (Multi30k, its vocabulary and lengths,
+# packing, bf16 compute, which is 1.26x faster a step on the 2-core CPU at the same dev curve:
+# experiments/results/table3_small_budget.md).
+SMALL = load_config_file(os.path.join(REPO, "configs", "small.py"))
+# What the small preset sets on every row, in the order of the runs' --config.* flags: each key's
+# value in configs/small.py unless SMALL_CHANGES has one. Not taken from it: the model's sizes,
+# dropout and train.num_steps (the row's, scaled), and decoding's batch and averaging (the
+# harness evaluates the latest checkpoint at the default decode.tokens_per_batch).
+SMALL_KEYS = (
+    "data.source", "data.dir", "data.train_split", "data.eval_split", "data.test_split",
+    "model.vocab_size", "model.max_len", "data.max_len", "data.tokens_per_batch", "data.packing",
+    "data.packed_length", "model.dtype", "optim.warmup_steps", "optim.lr_factor",
+    "train.log_every_steps", "train.eval_every_steps", "train.checkpoint_every_steps",
+    "train.checkpoint_every_secs", "train.keep_checkpoints", "decode.max_extra_len",
+)  # fmt: skip
+# Where the Table 3 sweep departs from configs/small.py (the quickstart's recipe), and why.
+SMALL_CHANGES = {
+    "data.tokens_per_batch": 8192,  # small.py: 4,096; one batch size for every row and seed
+    # 8% of the default 1,200 steps, and kept at any --steps: the schedule then does not depend
+    # on the budget. lr_factor 0.5 puts base's peak at 4.4e-3 (the paper's formula at warmup 100
+    # would peak at 8.8e-3). Other rows keep the d_model^-0.5 dependence.
+    "optim.warmup_steps": 100,
+    "optim.lr_factor": 0.5,
+    "train.eval_every_steps": 100_000,  # run_overrides: 10 a run, or --eval_every
+    "train.checkpoint_every_steps": 200,
+    "train.keep_checkpoints": 2,
+}
 
 # Base's steps in the small preset: where its dev NLL stopped improving by 0.01 nats
 # (experiments/results/table3_small_budget.md); big trains 3x, as in the paper.
@@ -80,34 +109,10 @@ def _preset(preset: str, row: str, data_dir: str | None) -> dict:
         return {**row_model(row)}
     if preset in ("small", "gpu"):  # gpu: the small protocol, run --parallel on one GPU
         o = scaled(row, width=0.25, depth=0.5, base_steps=SMALL_BASE_STEPS)
-        o.update({
-            "data.source": "folder",
-            "data.dir": data_dir or os.path.join(REPO, "..", "shared", "data", "multi30k"),
-            "data.train_split": "train",
-            "data.eval_split": "val",
-            "data.test_split": "test_2016_flickr",
-            "model.vocab_size": 8000,
-            "model.max_len": 128,
-            "data.max_len": 128,
-            "data.tokens_per_batch": 8192,
-            "data.packing": True,
-            "data.packed_length": 128,
-            # bf16 compute, float32 master weights: 1.26x faster a step on the 2-core CPU
-            # (experiments/results/table3_small_budget.md) at the same dev curve.
-            "model.dtype": "bfloat16",
-            # 8% of the default 1,200 steps, and kept at any --steps: the schedule then does not
-            # depend on the budget. lr_factor 0.5 puts base's peak at 4.4e-3 (the paper's
-            # formula at warmup 100 would peak at 8.8e-3). Other rows keep the d_model^-0.5
-            # dependence.
-            "optim.warmup_steps": 100,
-            "optim.lr_factor": 0.5,
-            "train.log_every_steps": 50,
-            "train.eval_every_steps": 100_000,  # run_overrides: 10 a run, or --eval_every
-            "train.checkpoint_every_steps": 200,
-            "train.checkpoint_every_secs": 0.0,
-            "train.keep_checkpoints": 2,
-            "decode.max_extra_len": 50,
-        })  # fmt: skip
+        for key in SMALL_KEYS:
+            section, name = key.split(".")
+            o[key] = SMALL_CHANGES.get(key, SMALL[section][name])
+        o["data.dir"] = data_dir or _from_checkout(SMALL.data.dir)
         return o
     if preset == "micro":
         o = scaled(row, width=1 / 32, depth=1 / 6, base_steps=5)
@@ -133,6 +138,11 @@ def _preset(preset: str, row: str, data_dir: str | None) -> dict:
         })  # fmt: skip
         return o
     raise SystemExit(f"unknown preset {preset!r}: use {', '.join(PRESETS)}")
+
+
+def _from_checkout(path: str) -> str:
+    """A config's path as `python -m tfm_jax` resolves it when run from the checkout's root."""
+    return path if paths.is_url(path) else os.path.join(REPO, path)
 
 
 def run_overrides(

@@ -34,12 +34,13 @@ per row) are not read; the script names any it finds and leaves them alone.
 
 Presets (experiments/table3/presets.py):
   paper  WMT14 EN-DE through tfds, newstest2013 dev, 100K steps (big: 300K), ~25k+25k tokens.
-  small  Multi30k EN-DE on a 2-core CPU. Every row is the paper's row scaled by the same
-         factors: widths (d_model, d_ff, d_k, d_v) x 1/4, layers x 1/2 (C2 -> 1 layer), heads
-         unchanged, steps 100K -> 1,200 by default (--steps; big keeps its 3x), packed batches
-         of 8,192 tokens a side, bf16 compute, warmup 100 steps with lr_factor 0.5 (the same
-         schedule for every row, so its d_model^-0.5 factor still differs between rows as in
-         the paper). The budget and its curve: experiments/results/table3_small_budget.md.
+  small  Multi30k EN-DE on a 2-core CPU, with configs/small.py's data settings. Every row is
+         the paper's row scaled by the same factors: widths (d_model, d_ff, d_k, d_v) x 1/4,
+         layers x 1/2 (C2 -> 1 layer), heads unchanged, steps 100K -> 1,200 by default
+         (--steps; big keeps its 3x), packed batches of 8,192 tokens a side, bf16 compute,
+         warmup 100 steps with lr_factor 0.5 (the same schedule for every row, so its
+         d_model^-0.5 factor still differs between rows as in the paper). The budget and its
+         curve: experiments/results/table3_small_budget.md.
   gpu    the small preset's runs (same rows, data, budget, schedule) on one GPU, 8 at a
          time (--parallel) and 3 seeds by default; its own root and report (table3_gpu.*).
   micro  a seconds-long smoke test of the harness itself (CI).

@@ -3,11 +3,13 @@ and the protocol written, paper columns right, finished runs skipped and new see
 rerun, a changed budget refused, and --find_budget on a run's curve."""
 
 import csv
+import glob
 import json
 import os
 import sys
 
 import pytest
+from helpers import REPO
 from helpers.runs import write_tiny_corpus
 
 from experiments.table3 import commands, presets, runner, sweep
@@ -24,6 +26,37 @@ def test_small_preset_scales_every_row_alike():
     assert big["train.num_steps"] == 3 * base["train.num_steps"]
     assert presets.preset_overrides("small", "E", None)["model.positional"] == "learned"
     assert presets.preset_overrides("paper", "B16", None)["model.d_k"] == 16
+
+
+def test_small_preset_takes_its_data_settings_from_configs_small():
+    o = presets.preset_overrides("small", "base", None)
+    for key in ("data.source", "data.train_split", "data.eval_split", "data.test_split",
+                "model.vocab_size", "model.max_len", "data.max_len", "data.packing",
+                "data.packed_length", "model.dtype"):  # fmt: skip
+        section, name = key.split(".")
+        assert o[key] == presets.SMALL[section][name], key
+    assert o["data.dir"] == os.path.join(REPO, presets.SMALL.data.dir)  # from the checkout's root
+    assert presets.preset_overrides("small", "base", "/corpus")["data.dir"] == "/corpus"
+    # the sweep's own departures from the quickstart's recipe
+    departures = ("data.tokens_per_batch", "optim.warmup_steps", "optim.lr_factor")
+    assert [o[k] for k in departures] == [8192, 100, 0.5]
+
+
+def test_the_committed_small_runs_are_what_the_small_preset_starts():
+    """Every committed (row, seed) result of the small sweep was started with exactly what the
+    preset gives now (keys, values and flag order), so those runs stay reproducible."""
+    found = glob.glob(os.path.join(REPO, "experiments", "results", "table3_small_s1200_runs",
+                                   "*", "seed*", "result.json"))  # fmt: skip
+    assert found
+    for path in found:
+        with open(path) as f:
+            r = json.load(f)
+        recorded = r["overrides"]
+        root = os.path.dirname(os.path.dirname(recorded["data.vocab_path"]))
+        now = presets.run_overrides(
+            "small", r["row"], r["seed"], root, data_dir=recorded["data.dir"]
+        )
+        assert list(now.items()) == list(recorded.items()), path
 
 
 def test_budget_seed_and_vocabulary_per_run():
