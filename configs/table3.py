@@ -2,7 +2,7 @@
 
 Rows are data (ROWS below: each row's overrides of base and the paper's numbers), not copied
 files. Without a row the `params` command lists every row; configs/big.py takes the "big" row from
-here, and experiments/table3.py runs the rows.
+here, and `python -m experiments.table3` (experiments/table3/) runs the rows.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@
 #   2. big train step, the same batch
 #   3. the quickstart end to end in runs/gpu_small (experiments/quickstart.sh: train the small
 #      config on Multi30k, average, evaluate): one record with its BLEU, compile and train speed
-#   4. beam-4 and greedy decoding of that trained model (bench.py decode --workdir=runs/gpu_small)
+#   4. beam-4 and greedy decoding of that trained model
+#      (`python -m experiments.bench decode --workdir=runs/gpu_small`)
 #   5. with what time is left: the base step again with model.scan_layers=True (compile and step
 #      time of one scanned layer body against 1's unrolled stacks: picks the default)
 #   6. with what time is left (GPU only): the base step again under XLA_FLAGS
@@ -20,8 +21,8 @@
 #
 # Output: JSON lines on stdout, appended as they come to
 # experiments/results/gpu_check_<UTC time>.jsonl (commit it); timestamped progress on stderr
-# (`[+12.3s] base bf16 train step: ...`, bench.py's own lines stamped from the same start); the
-# whole log in runs/gpu_check.log.
+# (`[+12.3s] base bf16 train step: ...`, the benchmarks' own lines stamped from the same start);
+# the whole log in runs/gpu_check.log.
 #
 # The device image has JAX with CUDA, flax, optax, orbax, sentencepiece, sacrebleu and
 # matplotlib, but not ml_collections, sacremoses or tensorboardX, and it reaches no registry; the
@@ -41,7 +42,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 START=$EPOCHREALTIME
-export BENCH_T0=$START  # bench.py stamps its progress lines from the same start
+export BENCH_T0=$START  # python -m experiments.bench stamps its progress lines from the same start
 
 since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
 say() { echo "[+$(since "$START")s] $*" >&2; }
@@ -194,9 +195,9 @@ else  # tiny shapes: the same code paths in seconds
   LIMITS=(60 60 150 60)
 fi
 step "base bf16 train step" "${LIMITS[0]}" \
-  "$PY" experiments/bench.py peak train_step --config=configs/base.py "${STEP_ARGS[@]}"
+  "$PY" -m experiments.bench peak train_step --config=configs/base.py "${STEP_ARGS[@]}"
 step "big bf16 train step" "${LIMITS[1]}" \
-  "$PY" experiments/bench.py train_step --config=configs/big.py "${STEP_ARGS[@]}"
+  "$PY" -m experiments.bench train_step --config=configs/big.py "${STEP_ARGS[@]}"
 
 # --- 3: the quickstart end to end ------------------------------------------------------------
 DATA=""
@@ -270,7 +271,7 @@ PY
     DECODE_ARGS=()
     [[ $MODE == cpu ]] && DECODE_ARGS=(--decode_limit=16)
     step "beam-4 decode" "${LIMITS[3]}" \
-      "$PY" experiments/bench.py decode "--workdir=$QS_DIR" "${DECODE_ARGS[@]}"
+      "$PY" -m experiments.bench decode "--workdir=$QS_DIR" "${DECODE_ARGS[@]}"
   else
     say "beam-4 decode: skipped, the quickstart left no checkpoint"
     record "$(json bench=skipped "step=beam-4 decode" "error=the quickstart left no checkpoint")"
@@ -280,14 +281,14 @@ fi
 
 # --- 5: base with scanned layers, if time is left ------------------------------------------------
 step "base bf16 scan_layers train step" "${LIMITS[0]}" \
-  "$PY" experiments/bench.py train_step --config=configs/base.py --config.model.scan_layers=True \
+  "$PY" -m experiments.bench train_step --config=configs/base.py --config.model.scan_layers=True \
   "${STEP_ARGS[@]}"
 
 # --- 6: what XLA's GPU autotuner costs and buys, if time is left ----------------------------------
 if [[ $MODE == gpu ]]; then
   for flags in "--xla_gpu_autotune_level=0" "--xla_gpu_enable_triton_gemm=false"; do
     XLA_FLAGS="${XLA_FLAGS:-} $flags" step "base bf16 train step, XLA_FLAGS=$flags" \
-      "${LIMITS[0]}" "$PY" experiments/bench.py train_step --config=configs/base.py \
+      "${LIMITS[0]}" "$PY" -m experiments.bench train_step --config=configs/base.py \
       "${STEP_ARGS[@]}"
   done
 fi

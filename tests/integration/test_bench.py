@@ -1,6 +1,6 @@
-"""experiments/bench.py runs and prints valid JSON on a micro config, and experiments/gpu_check.sh
-runs end to end in its CPU mode (speed targets live in experiments/results/bench.md, not in
-assertions)."""
+"""`python -m experiments.bench` runs and prints valid JSON on a micro config, and
+experiments/gpu_check.sh runs end to end in its CPU mode (speed targets live in
+experiments/results/bench.md, not in assertions)."""
 
 import json
 import os
@@ -11,7 +11,8 @@ import sys
 import pytest
 from helpers import REPO, SHARED_DATA
 
-BENCH = os.path.join(REPO, "experiments", "bench.py")
+from experiments.bench import cli as bench
+
 GPU_CHECK = os.path.join(REPO, "experiments", "gpu_check.sh")
 MICRO = [
     "--config=configs/small.py",
@@ -33,8 +34,8 @@ def run_bench(*args, timeout=120):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
-        [sys.executable, BENCH, *args], cwd=REPO, env=env, capture_output=True, text=True,
-        timeout=timeout,
+        [sys.executable, "-m", "experiments.bench", *args], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -93,9 +94,6 @@ def test_sharded_step_on_8_simulated_devices():
 
 
 def test_parse_variant():
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    import bench
-
     name, overrides, options, shape = bench.parse_variant(
         "x:model.dtype=bfloat16,xla_cpu_enable_fast_math=true,batch=64,length=16"
     )
@@ -109,9 +107,6 @@ def test_parse_variant():
 
 
 def test_bad_variant_is_a_usage_error(capsys):
-    sys.path.insert(0, os.path.join(REPO, "experiments"))
-    import bench
-
     with pytest.raises(SystemExit) as exit_:
         bench.parse_args(["train_step", "--variant=bad:batch=x"])
     assert exit_.value.code == 2
@@ -178,7 +173,7 @@ def test_gpu_check_cpu_mode_end_to_end(tmp_path):
     assert decode["checkpoint"] == "averaged"
     assert records[-1]["failed"] == 0
 
-    # progress on stderr: the script's steps and bench.py's phases, stamped from one start
+    # progress on stderr: the script's steps and the benchmarks' phases, stamped from one start
     stamped = re.findall(r"^\[\+(\d+\.\d)s\] (.*)$", proc.stderr, re.M)
     messages = "\n".join(m for _, m in stamped)
     for text in ("base bf16 train step: up to", "base/default: lowering the train step",
@@ -192,11 +187,11 @@ def test_gpu_check_cpu_mode_end_to_end(tmp_path):
 
 @pytest.mark.multiprocess
 def test_input_scale_bench_cold_warm_and_two_hosts(tmp_path):
-    """bench_input.py --scale (issue 16's WMT-scale benchmark) at a tiny scale: a cold start
+    """input_pipeline.py --scale (issue 16's WMT-scale benchmark) at a tiny scale: a cold start
     builds the token cache, the warm start and two hosts read it; each host gets half the rows."""
-    script = os.path.join(REPO, "experiments", "bench_input.py")
-    argv = [sys.executable, script, "--scale=3000", f"--scratch={tmp_path}", "--vocab_size=500",
-            "--tokens_per_batch=2048", "--scale_batches=5"]  # fmt: skip
+    argv = [sys.executable, "-m", "experiments.bench.input_pipeline", "--scale=3000",
+            f"--scratch={tmp_path}", "--vocab_size=500", "--tokens_per_batch=2048",
+            "--scale_batches=5"]  # fmt: skip
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

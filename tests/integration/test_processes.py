@@ -13,7 +13,11 @@ from helpers.runs import cli_args, tiny_run_overrides, write_tiny_corpus
 
 from tfm_jax.config.build import load_config_module
 
-SHARDED_STEP_CHECK = os.path.join(REPO, "tests", "helpers", "sharded_step_check.py")
+# 8 simulated CPU devices, in the environment before the helpers package (and JAX) is imported
+EIGHT_CPU_DEVICES = {
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+}
 TABLE3 = load_config_module(os.path.join(REPO, "configs", "table3.py"))
 
 
@@ -21,7 +25,9 @@ TABLE3 = load_config_module(os.path.join(REPO, "configs", "table3.py"))
 @pytest.mark.slow
 def test_eight_devices_match_one_device():
     out = subprocess.run(
-        [sys.executable, SHARDED_STEP_CHECK],
+        [sys.executable, "-m", "helpers.sharded_step_check"],
+        cwd=os.path.join(REPO, "tests"),  # where `helpers` is a package
+        env={**os.environ, **EIGHT_CPU_DEVICES},
         capture_output=True,
         text=True,
         timeout=600,

@@ -3,7 +3,7 @@ and the protocol written, paper columns right, finished runs skipped and new see
 rerun, a changed budget refused, and --find_budget on a run's curve."""
 
 import csv
-import importlib.util
+import glob
 import json
 import os
 import sys
@@ -12,59 +12,76 @@ import pytest
 from helpers import REPO
 from helpers.runs import write_tiny_corpus
 
-from tfm_jax.config.build import load_config_module
-
-TABLE3 = load_config_module(os.path.join(REPO, "configs", "table3.py")).ROWS
-
-
-def load_harness():
-    spec = importlib.util.spec_from_file_location(
-        "table3_harness", os.path.join(REPO, "experiments", "table3.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from experiments.table3 import commands, presets, runner, sweep
+from experiments.table3.presets import TABLE3
 
 
 def test_small_preset_scales_every_row_alike():
-    h = load_harness()
-    base = h.preset_overrides("small", "base", None)
+    base = presets.preset_overrides("small", "base", None)
     assert base["model.d_model"] == 128 and base["model.num_layers"] == 3
-    assert h.preset_overrides("small", "C256", None)["model.d_model"] == 64
-    assert h.preset_overrides("small", "C2", None)["model.num_layers"] == 1
-    assert h.preset_overrides("small", "A1", None)["model.d_k"] == 128
-    assert (
-        h.preset_overrides("small", "big", None)["train.num_steps"] == 3 * base["train.num_steps"]
-    )
-    assert h.preset_overrides("small", "E", None)["model.positional"] == "learned"
-    assert h.preset_overrides("paper", "B16", None)["model.d_k"] == 16
+    assert presets.preset_overrides("small", "C256", None)["model.d_model"] == 64
+    assert presets.preset_overrides("small", "C2", None)["model.num_layers"] == 1
+    assert presets.preset_overrides("small", "A1", None)["model.d_k"] == 128
+    big = presets.preset_overrides("small", "big", None)
+    assert big["train.num_steps"] == 3 * base["train.num_steps"]
+    assert presets.preset_overrides("small", "E", None)["model.positional"] == "learned"
+    assert presets.preset_overrides("paper", "B16", None)["model.d_k"] == 16
+
+
+def test_small_preset_takes_its_data_settings_from_configs_small():
+    o = presets.preset_overrides("small", "base", None)
+    for key in ("data.source", "data.train_split", "data.eval_split", "data.test_split",
+                "model.vocab_size", "model.max_len", "data.max_len", "data.packing",
+                "data.packed_length", "model.dtype"):  # fmt: skip
+        section, name = key.split(".")
+        assert o[key] == presets.SMALL[section][name], key
+    assert o["data.dir"] == os.path.join(REPO, presets.SMALL.data.dir)  # from the checkout's root
+    assert presets.preset_overrides("small", "base", "/corpus")["data.dir"] == "/corpus"
+    # the sweep's own departures from the quickstart's recipe
+    departures = ("data.tokens_per_batch", "optim.warmup_steps", "optim.lr_factor")
+    assert [o[k] for k in departures] == [8192, 100, 0.5]
+
+
+def test_the_committed_small_runs_are_what_the_small_preset_starts():
+    """Every committed (row, seed) result of the small sweep was started with exactly what the
+    preset gives now (keys, values and flag order), so those runs stay reproducible."""
+    found = glob.glob(os.path.join(REPO, "experiments", "results", "table3_small_s1200_runs",
+                                   "*", "seed*", "result.json"))  # fmt: skip
+    assert found
+    for path in found:
+        with open(path) as f:
+            r = json.load(f)
+        recorded = r["overrides"]
+        root = os.path.dirname(os.path.dirname(recorded["data.vocab_path"]))
+        now = presets.run_overrides(
+            "small", r["row"], r["seed"], root, data_dir=recorded["data.dir"]
+        )
+        assert list(now.items()) == list(recorded.items()), path
 
 
 def test_budget_seed_and_vocabulary_per_run():
-    h = load_harness()
     # --steps is base's budget: every row the same, big 3x
-    assert h.preset_overrides("small", "A1", None, steps=2000)["train.num_steps"] == 2000
-    assert h.preset_overrides("small", "big", None, steps=2000)["train.num_steps"] == 6000
-    a = h.run_overrides("small", "A1", 1, "/r")
-    b = h.run_overrides("small", "base", 0, "/r", eval_every=25)
+    assert presets.preset_overrides("small", "A1", None, steps=2000)["train.num_steps"] == 2000
+    assert presets.preset_overrides("small", "big", None, steps=2000)["train.num_steps"] == 6000
+    a = presets.run_overrides("small", "A1", 1, "/r")
+    b = presets.run_overrides("small", "base", 0, "/r", eval_every=25)
     assert a["train.seed"] == 1 and b["train.seed"] == 0
     # one vocabulary for every row and seed: the same batches for a given seed
     assert a["data.vocab_path"] == b["data.vocab_path"] == "/r/vocab/spm_8000.model"
     assert a["train.eval_every_steps"] == 120 and b["train.eval_every_steps"] == 25
-    assert h.workdir_of("/r", "A1", 1) == "/r/A1/seed1"
-    assert h.parse_seeds("0,1,2") == [0, 1, 2]
+    assert runner.workdir_of("/r", "A1", 1) == "/r/A1/seed1"
+    assert sweep.parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(SystemExit):
-        h.parse_seeds("0,0")
+        sweep.parse_seeds("0,0")
 
 
 @pytest.mark.slow
 def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
-    h = load_harness()
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=600, n_val=16)
     runs, out = tmp_path / "runs", tmp_path / "out"
     common = ["--preset=micro", "--rows=D0.0,base", f"--root={runs}", f"--out={out}",
               f"--data_dir={corpus}"]  # fmt: skip
-    assert h.main([*common, "--seeds=0"]) == 0
+    assert sweep.main([*common, "--seeds=0"]) == 0
     with open(out / "table3_micro.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["row"] for r in rows] == ["base", "D0.0"]  # base first, then Table 3's order
@@ -88,7 +105,7 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     # rerun with a second seed: the seed-0 runs are read back, not retrained
     stamps = {r: os.path.getmtime(runs / r / "seed0" / "result.json") for r in ("base", "D0.0")}
     (runs / "base" / "result.json").write_text("{}")  # the old single-seed layout
-    assert h.main([*common, "--seeds=0,1"]) == 0
+    assert sweep.main([*common, "--seeds=0,1"]) == 0
     assert "not read (the old single-seed layout" in capsys.readouterr().out
     for r, t in stamps.items():
         assert os.path.getmtime(runs / r / "seed0" / "result.json") == t
@@ -104,7 +121,7 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     # --report_only writes the table from the finished runs and trains nothing: a row with no
     # finished run is "not run", and a seed with no result is left out
     report = tmp_path / "report"
-    assert h.main([*common, "--seeds=0,1,2", "--rows=base,D0.0,A1", f"--out={report}",
+    assert sweep.main([*common, "--seeds=0,1,2", "--rows=base,D0.0,A1", f"--out={report}",
                    "--report_only"]) == 0  # fmt: skip
     assert not (runs / "A1").exists() and not (runs / "base" / "seed2").exists()
     with open(report / "table3_micro_seeds.csv") as f:
@@ -115,11 +132,11 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     # --parallel: after the first run (alone: it trains the vocabulary), runs go side by side in
     # their own processes, each told its share of an accelerator's memory; the numbers are the
     # sequential run's
-    assert h.parallel_env(1) == {} and h.parallel_env(4) == {
+    assert commands.parallel_env(1) == {} and commands.parallel_env(4) == {
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.225"
     }
     par = tmp_path / "par"
-    assert h.main([*common, "--seeds=0", "--rows=base,D0.0,A1", f"--root={par}",
+    assert sweep.main([*common, "--seeds=0", "--rows=base,D0.0,A1", f"--root={par}",
                    f"--out={par / 'out'}", "--parallel=2"]) == 0  # fmt: skip
     for r in ("base", "D0.0"):
         ours = json.loads((par / r / "seed0" / "result.json").read_text())
@@ -130,9 +147,9 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
 
     # another budget in the same root is refused, not mixed in
     with pytest.raises(SystemExit, match="train.num_steps"):
-        h.main([*common, "--seeds=0", "--steps=6"])
+        sweep.main([*common, "--seeds=0", "--steps=6"])
 
-    assert h.main([f"--find_budget={runs / 'base' / 'seed0'}"]) == 0
+    assert sweep.main([f"--find_budget={runs / 'base' / 'seed0'}"]) == 0
     budget = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert budget["evals"] == 1 and budget["plateau_step"] is None  # one point: no plateau
 
@@ -152,11 +169,12 @@ print("finished")
 """
 
 
-def fake_run(h, tmp_path, mode, env, name=None):
+def fake_run(tmp_path, mode, env, name=None):
     calls, log = tmp_path / f"calls_{name or mode}", tmp_path / f"log_{name or mode}.txt"
     fake = [sys.executable, "-c", FAKE_TFM]
     try:
-        return h.run_cmd(["train", mode, str(calls)], str(log), env, program=fake), calls, log
+        out = commands.run_cmd(["train", mode, str(calls)], str(log), env, program=fake)
+        return out, calls, log
     finally:
         assert calls.exists()
 
@@ -164,29 +182,28 @@ def fake_run(h, tmp_path, mode, env, name=None):
 def test_a_run_killed_with_the_malloc_tunables_runs_again_without_them(tmp_path, capsys):
     from tfm_jax.platform import host
 
-    h = load_harness()
     ours = ":".join(host.TUNABLES)
     with_tunables = {"GLIBC_TUNABLES": ours, "TFM_JAX_MALLOC_TUNABLES": "1"}
-    out, calls, log = fake_run(h, tmp_path, "oom", with_tunables)
+    out, calls, log = fake_run(tmp_path, "oom", with_tunables)
     assert out == "finished"
     assert calls.read_text().splitlines() == [f"1|{ours}", "0|"]  # the second without them
     assert "was killed (SIGKILL)" in capsys.readouterr().out
     assert "running it again with TFM_JAX_MALLOC_TUNABLES=0" in log.read_text()
 
     with pytest.raises(RuntimeError) as e:
-        fake_run(h, tmp_path, "always", with_tunables)
+        fake_run(tmp_path, "always", with_tunables)
     assert "was killed by SIGKILL" in str(e.value) and "out-of-memory killer" in str(e.value)
     assert "needs a host with more memory" in str(e.value)
     assert len((tmp_path / "calls_always").read_text().splitlines()) == 2  # retried once only
 
     with pytest.raises(RuntimeError, match=r"failed \(exit status 3\); see .*log_exit3.txt"):
-        fake_run(h, tmp_path, "exit3", with_tunables)
+        fake_run(tmp_path, "exit3", with_tunables)
     assert len((tmp_path / "calls_exit3").read_text().splitlines()) == 1  # not a kill: no retry
 
     # Started without them (the user's opt-out): nothing to retry, and the message says why.
     opted_out = {"TFM_JAX_MALLOC_TUNABLES": "0", "GLIBC_TUNABLES": ""}
     with pytest.raises(RuntimeError, match="needs a host with more memory"):
-        fake_run(h, tmp_path, "always", opted_out, name="opted_out")
+        fake_run(tmp_path, "always", opted_out, name="opted_out")
     assert len((tmp_path / "calls_opted_out").read_text().splitlines()) == 1
 
 
@@ -195,7 +212,6 @@ def test_a_runs_output_reaches_its_log_while_it_runs(tmp_path):
     import threading
     import time
 
-    h = load_harness()
     marker, log = tmp_path / "go_on", tmp_path / "log.txt"
     child = (
         "import os, sys, time\n"
@@ -207,7 +223,9 @@ def test_a_runs_output_reaches_its_log_while_it_runs(tmp_path):
     out = {}
     thread = threading.Thread(
         target=lambda: out.update(
-            last=h.run_cmd(["train", str(marker)], str(log), program=[sys.executable, "-c", child])
+            last=commands.run_cmd(
+                ["train", str(marker)], str(log), program=[sys.executable, "-c", child]
+            )
         )
     )
     thread.start()

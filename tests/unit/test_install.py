@@ -25,8 +25,8 @@ RUNTIME_ONLY = {
 TEST_TOOLS = {
     "ruff",  # .ci/run: ruff check
 }
-# Folders whose scripts import each other's files as top-level modules (tests import
-# experiments/bench.py as `bench`).
+# The repo's own folders beside tfm_jax: tests/ (its helpers package) and experiments/ (a
+# package: tests import it as `experiments`).
 LOCAL_DIRS = ("tests", "experiments")
 
 _PIN = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
@@ -92,8 +92,9 @@ def imported_modules(folder):
 
 
 def _local_modules():
-    """Modules and packages of the repo's own folders (tests/helpers is a package)."""
-    found = set()
+    """Modules and packages of the repo's own folders (tests/helpers is a package), and the
+    folders that are packages themselves (experiments)."""
+    found = {d for d in LOCAL_DIRS if os.path.isfile(os.path.join(REPO, d, "__init__.py"))}
     for d in LOCAL_DIRS:
         for n in os.listdir(os.path.join(REPO, d)):
             if n.endswith(".py"):

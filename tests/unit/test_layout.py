@@ -291,3 +291,150 @@ def test_workdir_files_go_through_the_storage_layer():
                         continue  # a fixed local path ("/proc/...")
                     bad.append(f"{os.path.relpath(path, REPO)}:{node.lineno}: {name}(...)")
     assert not bad, "use tfm_jax.platform.storage (local and gs://) instead: " + "; ".join(bad)
+
+
+# ---- experiments/: a package held to the library's rules ----
+
+EXPERIMENTS = "experiments"
+# Where the repo's Python may change sys.path: nowhere but pytest's own entry point (tests find
+# `helpers` as pytest's rootdir conftest puts tests/ first; `experiments` through setup.cfg's
+# pythonpath; scripts run as `python -m`).
+SYS_PATH_ALLOWED = {os.path.join("tests", "conftest.py")}
+
+
+def _tree(path: str) -> ast.Module:
+    with open(path, encoding="utf-8") as f:
+        return ast.parse(f.read(), path)
+
+
+def experiment_modules() -> dict[str, str]:
+    """experiments/'s modules, dotted (experiments.table3.stats) -> path."""
+    found = {}
+    for path in _python_files(EXPERIMENTS):
+        dotted = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+        found[dotted.removesuffix(".__init__")] = path
+    return found
+
+
+def experiment_imports(path: str, known: dict[str, str]) -> set[str]:
+    """The experiments modules a file imports, at any depth of the file."""
+    out = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == EXPERIMENTS:
+                for alias in node.names:
+                    candidate = f"{node.module}.{alias.name}"
+                    out.add(candidate if candidate in known else node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == EXPERIMENTS}
+    return {m for m in out if m in known}
+
+
+def test_experiment_modules_stay_under_the_line_limit():
+    over = {}
+    for dotted, path in experiment_modules().items():
+        with open(path, encoding="utf-8") as f:
+            lines = len(f.read().splitlines())
+        if lines > LINE_LIMIT:
+            over[dotted] = lines
+    assert not over, f"modules over {LINE_LIMIT} lines: {over}"
+
+
+def test_every_experiment_module_opens_with_its_role():
+    missing = []
+    for dotted, path in experiment_modules().items():
+        doc = ast.get_docstring(_tree(path))
+        if not doc or len(doc.split()) < 4:
+            missing.append(dotted)
+    assert not missing, f"modules without a docstring saying what they are for: {missing}"
+
+
+def test_every_experiments_folder_is_a_package():
+    """Each folder of experiments/ with Python in it has an __init__.py: its modules are
+    imported as experiments.<folder>.<module>, not as files."""
+    bare = []
+    for root, _, files in os.walk(os.path.join(REPO, EXPERIMENTS)):
+        if any(f.endswith(".py") for f in files) and "__init__.py" not in files:
+            bare.append(os.path.relpath(root, REPO))
+    assert not bare, f"folders of Python modules without an __init__.py: {bare}"
+
+
+def test_experiments_import_each_other_as_a_package():
+    """`from experiments.table3 import stats`, never `import table3_stats` (a file found through
+    sys.path) or a relative import (which the cycle check below would not see)."""
+    local = {dotted.split(".")[-1] for dotted in experiment_modules()} - {EXPERIMENTS}
+    bad = []
+    for dotted, path in experiment_modules().items():
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                bad.append(f"{dotted}: relative import from {'.' * node.level}{node.module or ''}")
+                continue
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            bad += [f"{dotted} imports {n}" for n in names if n.split(".")[0] in local]
+    assert not bad, f"import experiments' modules as experiments.*: {bad}"
+
+
+def test_experiments_have_no_import_cycle():
+    known = experiment_modules()
+    graph = {m: experiment_imports(p, known) - {m} for m, p in known.items()}
+    assert graph["experiments.table3.sweep"] >= {"experiments.table3.stats"}  # the edges are seen
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def test_experiments_import_no_tests():
+    bad = []
+    for dotted, path in experiment_modules().items():
+        for node in ast.walk(_tree(path)):
+            mods = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                mods = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            bad += [f"{dotted}: {m}" for m in mods if m.split(".")[0] in ("tests", "helpers")]
+    assert not bad, bad
+
+
+def _edits_sys_path(node: ast.AST) -> bool:
+    """sys.path.insert(...) / .append / .extend / ..., or sys.path (or a slice of it) assigned."""
+
+    def is_sys_path(n):
+        return (
+            isinstance(n, ast.Attribute)
+            and n.attr == "path"
+            and isinstance(n.value, ast.Name)
+            and n.value.id == "sys"
+        )
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return is_sys_path(node.func.value)
+    if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(is_sys_path(t.value if isinstance(t, ast.Subscript) else t) for t in targets)
+    return False
+
+
+def test_edits_sys_path_finds_one():
+    found = [_edits_sys_path(n) for n in ast.walk(ast.parse(
+        "import sys\nsys.path.insert(0, 'x')\nsys.path[:0] = ['y']\nsys.path += ['z']\n"
+        "print(sys.path)\nos.path.join('a')\n"
+    ))]  # fmt: skip
+    assert sum(found) == 3
+
+
+def test_nothing_edits_sys_path():
+    """Modules import each other as packages (tfm_jax, experiments, tests' helpers), so no file
+    needs to put a folder on sys.path; a script runs as `python -m`."""
+    top = [os.path.join(REPO, f) for f in os.listdir(REPO) if f.endswith(".py")]
+    bad = []
+    for path in [*top, *_python_files("tfm_jax", "configs", EXPERIMENTS, "tests")]:
+        rel = os.path.relpath(path, REPO)
+        if rel in SYS_PATH_ALLOWED:
+            continue
+        bad += [f"{rel}:{n.lineno}" for n in ast.walk(_tree(path)) if _edits_sys_path(n)]
+    assert not bad, f"sys.path edited (import as a package, run as `python -m`): {bad}"

@@ -1,37 +1,18 @@
-"""Table 3's protocol, statistics, evidence and report (experiments/table3_stats.py,
-table3_evidence.py, table3_report.py) on hand-made numbers: golden verdicts, the summary line,
-the protocol against the paper's own numbers, the plateau of a dev curve, the readings of a
-comparison's dev curves, and the report written from synthetic results (no training)."""
+"""Table 3's protocol, statistics, evidence and report (experiments/table3/stats.py,
+evidence.py, report.py) on hand-made numbers: golden verdicts, the summary line, the protocol
+against the paper's own numbers, the plateau of a dev curve, the readings of a comparison's dev
+curves, and the report written from synthetic results (no training)."""
 
-import importlib.util
 import json
 import math
-import os
-import sys
 
 import pytest
-from helpers import REPO
 
-from tfm_jax.config.build import load_config_module
-
-EXPERIMENTS = os.path.join(REPO, "experiments")
-
-
-def load(name):
-    """experiments/<name>.py as the module `name` (table3.py imports table3_stats by name)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(EXPERIMENTS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-S = load("table3_stats")
-E = load("table3_evidence")  # before table3_report, which imports it by name
-R = load("table3_report")
-ROWS = load_config_module(os.path.join(REPO, "configs", "table3.py")).ROWS
+from experiments.table3 import evidence as E
+from experiments.table3 import presets
+from experiments.table3 import report as R
+from experiments.table3 import stats as S
+from experiments.table3.presets import TABLE3 as ROWS
 
 
 def test_differences_and_directions():
@@ -214,11 +195,11 @@ def test_dev_curve_reads_metrics_jsonl(tmp_path):
 
 
 def test_report_from_synthetic_results(tmp_path):
-    h = load("table3")
     root = str(tmp_path / "runs")
     results = []
     for r in synthetic_results():
-        r = dict(r, overrides=h.run_overrides("small", r["row"], r["seed"], root), params=2.4e6)
+        overrides = presets.run_overrides("small", r["row"], r["seed"], root)
+        r = dict(r, overrides=overrides, params=2.4e6)
         r["plateau_step"] = 300 if r["row"] == "base" else None
         results.append(r)
     written = R.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1200, 3600)
@@ -361,19 +342,18 @@ def test_spearman():
 
 
 def test_report_explains_disagreements_from_the_curves(tmp_path):
-    h = load("table3")
     root = str(tmp_path / "runs")
     results = []
     for r in synthetic_results():
         factor = r["ppl"] / BASE[r["seed"]][0] if r["row"] != "Cff4096" else 1.0
         # base falls 30 -> its PPL; every row follows with its own factor at every step
         curve = curve_of([3 * BASE[r["seed"]][0] * factor, r["ppl"]])
-        o = h.run_overrides("small", r["row"], r["seed"], root)
+        o = presets.run_overrides("small", r["row"], r["seed"], root)
         results.append(dict(r, overrides=o, params=2.4e6, dev_curve=curve))
     for seed, (base_ppl, bleu) in BASE.items():  # big, 3x base's steps, ends 5% above base
         big = curve_of([4 * base_ppl, 2 * base_ppl, 1.5 * base_ppl, 1.2 * base_ppl,
                         1.05 * base_ppl, 1.05 * base_ppl])  # fmt: skip
-        o = h.run_overrides("small", "big", seed, root)
+        o = presets.run_overrides("small", "big", seed, root)
         results.append({"row": "big", "seed": seed, "ppl": 1.05 * base_ppl, "bleu": bleu,
                         "overrides": o, "params": 9e6, "dev_curve": big})  # fmt: skip
     R.write_table("small", results, str(tmp_path / "out"), "cmd", [0, 1], 1200, 3600)

@@ -1,5 +1,5 @@
 """Config building: a `--config` file (or a run's saved config) plus typed `--config.a.b=value`
-overrides, paths resolved, validated and locked, for every command and experiments/ script.
+overrides, paths resolved, validated and locked, for every command and experiment (experiments/).
 
 The override parsing (split_overrides, parse_override_value, apply_overrides) and the loading of
 config files (load_config_module, load_config_file) live here and nowhere else.

@@ -20,7 +20,7 @@ re-execute themselves once with these glibc tunables:
   killed by the kernel on a 24 GB host, and peaked at 4.9 GB without the tunables, with the same
   losses to the last printed digit. On a small-memory host, opt out. The training loop warns
   once its resident memory passes 85% of what the host (or its cgroup) allows
-  (`memory_warning`), and experiments/table3.py runs a command the kernel killed once more
+  (`memory_warning`), and experiments/table3/commands.py runs a command the kernel killed once more
   without the tunables;
 - `glibc.malloc.hugetlb=1` (glibc >= 2.35): the heap is backed by transparent huge pages.
 

@@ -169,7 +169,7 @@ class Trainer:
     ) -> CompiledStep:
         """Lowers and compiles train_step_fn for these arguments' shapes, timing each phase.
 
-        compiler_options: XLA options for this compilation (experiments/bench.py's variants).
+        compiler_options: XLA options for this compilation (experiments/bench/step.py's variants).
         report: told when lowering is done and XLA starts, which can take minutes.
         """
         with self.context():  # the logical-axis rules apply while tracing

@@ -1,6 +1,6 @@
 """Table 3's pre-registered protocol and its statistics, as data and pure functions over numbers.
 
-No runs, no JAX: experiments/table3.py feeds these the (row, seed) results it collected, and
+No runs, no JAX: the sweep (sweep.py) feeds these the (row, seed) results it collected, and
 tests/unit/test_table3_stats.py checks them on hand-made numbers. What is fixed here before any
 sweep runs (and written into the report's header):
 

@@ -5,8 +5,9 @@ With no --workdir the model is randomly initialized: it rarely emits EOS, so nea
 output runs to its length limit (source length + decode.max_extra_len), a worst case for
 sentences/s; tokens/s is the comparable number.
 
-Standalone: `python experiments/bench_decode.py [--config=configs/small.py] [--workdir=DIR]
-[--limit=N] [--config.decode.tokens_per_batch=...]` prints one JSON line.
+Standalone: `python -m experiments.bench.decode [--config=configs/small.py] [--workdir=DIR]
+[--limit=N] [--config.decode.tokens_per_batch=...]` prints one JSON line; `python -m
+experiments.bench decode` is the same benchmark beside the others.
 """
 
 import argparse
@@ -45,7 +46,7 @@ def bench_decode(
         model = scoring.make_model(cfg)
         # the params a run starts from (its init_state calls the same init with this key)
         params = nn.unbox(scoring.boxed_params(model, jax.random.PRNGKey(cfg.train.seed)))
-        # Shared with bench_input.py: the vocabulary is keyed by the data, so reuse is safe.
+        # Shared with input_pipeline.py: the vocabulary is keyed by the data, so reuse is safe.
         vocab_dir = os.path.join(tempfile.gettempdir(), "tfm_jax_bench_input")
         tokenizer = data.get_tokenizer(cfg.data, vocab_dir)
     sources, _ = data.load_split_texts(cfg.data, cfg.data.test_split)
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
     from tfm_jax.config.build import build_config, split_overrides
 
     argv, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m experiments.bench.decode", description=__doc__)
     parser.add_argument("--config", default=None, help="default configs/small.py (or the run's)")
     parser.add_argument("--workdir", default=None, help="a trained run; default: random init")
     parser.add_argument("--limit", type=int, default=None, help="first N test sentences")

@@ -1,7 +1,7 @@
 """Every Table 3 row's train step compiled for TPU slices and GPU nodes from this CPU host: memory a
 chip, fits, FLOPs, compile time, a roofline step time and MFU, beside the paper's step time.
 
-    python experiments/compile_table.py --out=experiments/results/compile_20261202 \\
+    python -m experiments.bench.compile_table --out=experiments/results/compile_20261202 \\
         [--targets=v5e-16,v4-8,h200x8] [--rows=base,big,...] [--config.key=value ...]
 
 One global batch of [192, 128] tokens a side (24,576 source + 24,576 target tokens: the paper's
@@ -18,10 +18,11 @@ import json
 import os
 import sys
 
+from experiments import REPO
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # compile-only: this host runs nothing
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE3 = os.path.join(REPO, "configs", "table3.py")
 SHAPE = (192, 128, 128)
 DEFAULTS = {
@@ -83,7 +84,8 @@ def write_markdown(jsonl: str, md: str, targets: list[str]) -> None:
     lines = [
         "# Table 3's train steps compiled for accelerators, from a 2-core CPU host",
         "",
-        "Written by `experiments/compile_table.py` (`python -m tfm_jax compile`'s machinery). "
+        "Written by `python -m experiments.bench.compile_table` (`python -m tfm_jax compile`'s "
+        "machinery). "
         f"One global batch of {SHAPE[0]} x {SHAPE[1]} tokens a side (~25k, §5.1), bf16, "
         "`model.scan_layers=True`, data parallel over every chip of the target. Peak = arguments "
         "+ unaliased outputs + temporaries, a chip (GPU budget: the 75% JAX preallocates). "
@@ -125,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     from tfm_jax.config.build import load_config_module, split_overrides
 
     argv, overrides = split_overrides(list(sys.argv[1:] if argv is None else argv))
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.bench.compile_table", description=__doc__
+    )
     p.add_argument("--out", required=True, help="path without extension: <out>.jsonl, <out>.md")
     p.add_argument("--targets", default="v5e-16,v4-8,h200x8")
     p.add_argument("--rows", default="", help="default: every row of configs/table3.py")

@@ -1,6 +1,6 @@
 """The Table 3 report: markdown and CSVs with the paper's numbers beside ours, the protocol's
-verdicts, and a chart of each row's difference from base. Written by experiments/table3.py from
-the runs' result.json files; the statistics and the protocol are in table3_stats.py.
+verdicts, and a chart of each row's difference from base. Written by the sweep (sweep.py) from
+the runs' result.json files; the statistics and the protocol are in stats.py.
 """
 
 from __future__ import annotations
@@ -9,14 +9,9 @@ import csv
 import math
 import os
 
-import table3_stats as stats
-from table3_evidence import evidence_lines, head_width_lines
-
-from tfm_jax.config.build import load_config_module
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The rows and the paper's numbers live in the config file the runs are started with.
-TABLE3 = load_config_module(os.path.join(REPO, "configs", "table3.py")).ROWS
+from experiments.table3 import stats
+from experiments.table3.evidence import evidence_lines, head_width_lines
+from experiments.table3.presets import TABLE3
 
 SCALING = {
     "small": (
@@ -59,7 +54,7 @@ def _fmt_gap(metric: str, value: float | None, spread: float | None = None) -> s
 def protocol_lines(seeds: list[int], steps: int, big: int) -> list[str]:
     """The pre-registered protocol, fixed before the runs: the report's header."""
     lines = [
-        "## Protocol (fixed before the runs; experiments/table3_stats.py)",
+        "## Protocol (fixed before the runs; experiments/table3/stats.py)",
         "",
         f"- Seeds: {', '.join(map(str, seeds))} for every row. train.seed draws the initial "
         "parameters, the dropout masks and the batch order; every row shares one vocabulary "

@@ -1,10 +1,11 @@
 """Input pipeline benchmark: padding efficiency, shapes and batches/s on cfg.data's train split.
 
-Standalone: `python experiments/bench_input.py [--packing] [--tokens_per_batch=N]` prints one
-JSON line. `experiments/bench.py` calls `bench_input(cfg)` and adds the train-step rate.
+Standalone: `python -m experiments.bench.input_pipeline [--packing] [--tokens_per_batch=N]`
+prints one JSON line. `python -m experiments.bench input` calls `bench_input(cfg)` and adds the
+train-step rate.
 
-At WMT scale (issue 16): `python experiments/bench_input.py --scale=4500000` builds a synthetic
-folder of that many pairs by repeating ../shared/data/wmt14-en-de/news2008-2012 (under
+At WMT scale (issue 16): `python -m experiments.bench.input_pipeline --scale=4500000` builds a
+synthetic folder of that many pairs by repeating ../shared/data/wmt14-en-de/news2008-2012 (under
 --scratch, default the temp dir; never in the repo), then times, each in a fresh process so that
 peak memory is the pipeline's own: a cold start (vocabulary, token cache build, first batch),
 a warm start (cache present: first batch, batches/s, peak RSS), and the warm start as 2 hosts
@@ -24,6 +25,7 @@ import time
 
 import ml_collections
 
+from experiments import REPO
 from tfm_jax import data
 from tfm_jax.config import paths
 from tfm_jax.data.batching import timed_epoch
@@ -56,7 +58,7 @@ def bench_input(
     }
 
 
-NEWS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wmt14-en-de")
+NEWS = os.path.join(REPO, "..", "shared", "data", "wmt14-en-de")
 
 
 def make_scale_folder(pairs: int, scratch: str) -> str:
@@ -121,13 +123,13 @@ def bench_scale(args) -> dict:
         raise SystemExit(f"--warm_only: no token cache under {workdir}; run once without it")
 
     def child(process_index=0, process_count=1):
-        argv = [sys.executable, os.path.abspath(__file__), "--_child", f"--dir={folder}",
-                f"--workdir={workdir}", f"--vocab_size={args.vocab_size}",
+        argv = [sys.executable, "-m", "experiments.bench.input_pipeline", "--_child",
+                f"--dir={folder}", f"--workdir={workdir}", f"--vocab_size={args.vocab_size}",
                 f"--tokens_per_batch={args.tokens_per_batch}",
                 f"--scale_batches={args.scale_batches}", f"--process_index={process_index}",
                 f"--process_count={process_count}"]  # fmt: skip
         argv += ["--packing"] if args.packing else []
-        return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)
 
     def result(p):
         out, _ = p.communicate()
@@ -164,11 +166,10 @@ def bench_scale(args) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument(
-        "--dir",
-        default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "multi30k"),
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.bench.input_pipeline", description=__doc__
     )
+    parser.add_argument("--dir", default=os.path.join(REPO, "..", "shared", "data", "multi30k"))
     parser.add_argument("--tokens_per_batch", type=int, default=4096)
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--packing", action="store_true")

@@ -9,7 +9,7 @@ computes, from the (row, seed) results' `dev_curve` ([step, dev NLL] at every ev
   both rows share, mean over the paired seeds. Its change from the middle of training to the end
   says whether the gap was closing toward the paper's direction when the budget ran out
   (budget-limited), moving away from it, or stable (a property of the scaled model);
-- over-fitting and late learning: end vs best PPL and the late gain of both rows (table3_stats).
+- over-fitting and late learning: end vs best PPL and the late gain of both rows (stats.py).
 
 `reading()` turns those numbers into one sentence by fixed thresholds (the protocol's minimum
 effects), so the same runs always give the same explanation. `head_width_lines()` tabulates the
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-import table3_stats as stats
+from experiments.table3 import stats
 
 # A row is "still learning" when its late gain is this many nats above the reference's, and
 # "over-fits" when its end-of-budget PPL is more than the PPL minimum effect above its best.
@@ -69,7 +69,7 @@ def beyond_reference(row_runs: list[dict], ref_runs: list[dict]) -> dict | None:
     """For a row trained longer than its reference (big: 3x base's steps), what its own longer
     budget did after the reference's last evaluation, over the paired seeds: the row's dev PPL at
     that step, its best and where, its end, and the reference's best (geometric means over
-    seeds). Runs are results as the report reads them (table3_report.at_best_checkpoint: `ppl`
+    seeds). Runs are results as the report reads them (report.at_best_checkpoint: `ppl`
     at the best checkpoint, `best_step`, `ppl_latest`). None when no paired row curve goes past
     the reference's end."""
     refs = {r.get("seed", 0): r for r in ref_runs if r.get("dev_curve")}
@@ -101,7 +101,7 @@ def beyond_reference(row_runs: list[dict], ref_runs: list[dict]) -> dict | None:
 
 def diagnostics(summary: dict) -> dict:
     """A row's mean late gain (nats) and end over best (%), from its summary's per-run values
-    (table3_report.row_summaries)."""
+    (report.row_summaries)."""
     return {
         key: stats.mean_sd([v for v in summary[key] if v is not None])[0]
         for key in ("late_gain", "end_over_best")
@@ -220,7 +220,7 @@ def _f(value, fmt: str) -> str:
 
 def evidence_lines(judged: list[dict], summaries: dict[str, dict]) -> list[str]:
     """The report's section on every comparison that did not come out as the paper's.
-    `summaries`: row -> its summary (table3_report.row_summaries: runs, means, diagnostics)."""
+    `summaries`: row -> its summary (report.row_summaries: runs, means, diagnostics)."""
     items = [evidence(c, j, summaries) for c, j in zip(stats.PROTOCOL, judged, strict=True)]
     items = [e for e in items if e is not None]
     lines = [

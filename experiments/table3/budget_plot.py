@@ -1,6 +1,6 @@
 """Dev curves of budget runs against target tokens seen: how the Table 3 budget was chosen.
 
-    python experiments/table3_budget_plot.py --out=experiments/results/table3_small_budget \\
+    python -m experiments.table3.budget_plot --out=experiments/results/table3_small_budget \\
         LABEL=WORKDIR [LABEL=WORKDIR ...]
 
 Writes <out>.png (dev perplexity against millions of target tokens, one line a run) and <out>.csv
@@ -24,7 +24,9 @@ def curve(workdir: str) -> tuple[int, list[dict]]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.table3.budget_plot", description=__doc__
+    )
     p.add_argument("runs", nargs="+", metavar="LABEL=WORKDIR")
     p.add_argument("--out", required=True, help="path without extension")
     args = p.parse_args(argv)

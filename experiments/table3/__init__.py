@@ -1,0 +1,12 @@
+"""Table 3 (model variations) reproduced by config overrides, over seeds, judged by a fixed
+protocol: `python -m experiments.table3 --help`.
+
+  presets.py   the paper / small / gpu / micro settings of every row (small from configs/small.py)
+  commands.py  one `python -m tfm_jax ...` run, logged, retried once without the malloc tunables
+  runner.py    one (row, seed): its workdir, train + evaluate + params, result.json as a cache
+  sweep.py     the command line: rows x seeds, in order or --parallel, the report after each run
+  stats.py     the pre-registered protocol and its statistics (pure functions over numbers)
+  evidence.py  why a comparison did not come out as the paper's, from the dev curves
+  report.py    the markdown, CSVs and chart
+  budget_plot.py  dev curves of budget runs (how the budget was chosen)
+"""

@@ -1,0 +1,249 @@
+"""Reproduce Table 3 (model variations) by config overrides, over seeds, judged by a fixed protocol.
+
+    python -m experiments.table3 --preset=small --rows=all --seeds=0,1
+    python -m experiments.table3 --preset=small --rows=base,A1,C256 --seeds=0,1,2
+    python -m experiments.table3 --preset=paper --rows=all --print_commands   # for a GPU/TPU pod
+
+Each (row, seed) runs as `python -m tfm_jax train --config=configs/table3.py:ROW --config.*=...
+--config.train.seed=K` in its own workdir <root>/<ROW>/seed<K>/, then `python -m tfm_jax evaluate
+--split=validation --checkpoint=latest` (dev perplexity and dev BLEU with beam search and no
+checkpoint averaging, as the paper does for Table 3). A (row, seed) whose result.json exists is
+not rerun; an interrupted one resumes from its newest checkpoint. Results:
+experiments/results/table3_<preset>.{md,csv,png} and table3_<preset>_seeds.csv (one line a run).
+
+Seeds. train.seed is the only seed a run has: it draws the initial parameters, the dropout masks
+AND the order of the training batches (data/batching.py and plans.py shuffle by (seed, epoch)).
+Every row of a preset has the same data settings and one shared vocabulary (<root>/vocab/), so
+seed K gives every row the same batches in the same order: the data order varies with the seed,
+identically for all rows. A row's difference from base is then paired per seed (same data
+order), and the spread over seeds includes the data-order noise a rerun would see.
+
+Budget. Every row trains the same number of steps on batches of the same token count (the same
+token budget); big trains 3x as long, as in the paper. The learning-rate schedule does not depend
+on train.num_steps, so a long base run with frequent dev evaluations shows what every shorter
+budget would have reached. To choose the budget from that curve:
+
+    python -m experiments.table3 --preset=small --rows=base --seeds=0 --steps=4000 \\
+        --eval_every=100 --root=runs/table3_small_budget --out=runs/table3_small_budget
+    python -m experiments.table3 --find_budget=runs/table3_small_budget/base/seed0
+
+then sweep with --steps=<the printed step> and a root of its own.
+
+Old layout: results of the single-seed harness (<root>/<ROW>/result.json, its own vocabulary
+per row) are not read; the script names any it finds and leaves them alone.
+
+Presets (experiments/table3/presets.py):
+  paper  WMT14 EN-DE through tfds, newstest2013 dev, 100K steps (big: 300K), ~25k+25k tokens.
+  small  Multi30k EN-DE on a 2-core CPU, with configs/small.py's data settings. Every row is
+         the paper's row scaled by the same factors: widths (d_model, d_ff, d_k, d_v) x 1/4,
+         layers x 1/2 (C2 -> 1 layer), heads unchanged, steps 100K -> 1,200 by default
+         (--steps; big keeps its 3x), packed batches of 8,192 tokens a side, bf16 compute,
+         warmup 100 steps with lr_factor 0.5 (the same schedule for every row, so its
+         d_model^-0.5 factor still differs between rows as in the paper). The budget and its
+         curve: experiments/results/table3_small_budget.md.
+  gpu    the small preset's runs (same rows, data, budget, schedule) on one GPU, 8 at a
+         time (--parallel) and 3 seeds by default; its own root and report (table3_gpu.*).
+  micro  a seconds-long smoke test of the harness itself (CI).
+
+--parallel N runs N (row, seed) runs at once after the first (which builds the shared vocabulary
+and token cache), each its own process; with N > 1 each process may take 0.9/N of a GPU's
+memory. A run's numbers do not depend on what runs beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import sys
+import threading
+import time
+
+from experiments import REPO
+from experiments.table3 import stats
+from experiments.table3.commands import parallel_env
+from experiments.table3.presets import (
+    DEFAULT_PARALLEL,
+    DEFAULT_SEEDS,
+    PRESETS,
+    TABLE3,
+    cli_args,
+    preset_overrides,
+    run_overrides,
+    step_multiple,
+)
+from experiments.table3.report import write_table
+from experiments.table3.runner import finished_result, legacy_results, run_one, workdir_of
+from tfm_jax.config import paths
+
+
+def find_budget(path: str, threshold: float) -> dict:
+    """The plateau of a (base) run's dev curve: the step to use as --steps."""
+    curve = stats.dev_curve(stats.read_metrics(path))
+    step = stats.plateau_step(curve, threshold)
+    out = {
+        "metrics": path,
+        "evals": len(curve),
+        "last_step": curve[-1][0] if curve else None,
+        "threshold_nats": threshold,
+        "plateau_step": step,
+    }
+    if step is None:
+        out["advice"] = "no plateau yet: train base longer (or evaluate more often) and rerun"
+    else:
+        out["advice"] = f"sweep with --steps={step} (big: {step * step_multiple('big')})"
+    return out
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds={text!r}: comma-separated integers, e.g. 0,1") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds={text!r}: at least one seed, none twice")
+    return seeds
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m experiments.table3",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    p.add_argument("--preset", default="small", choices=PRESETS)
+    p.add_argument("--rows", default="all", help="comma-separated Table 3 rows, or 'all'")
+    p.add_argument(
+        "--seeds",
+        default=None,
+        help="comma-separated train.seed values, each row run once per seed "
+        f"(default: {DEFAULT_SEEDS})",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="base's training steps, the same for every row (big: 3x); default: "
+        "the preset's (paper 100K, small 1,200, micro 5)",
+    )
+    p.add_argument(
+        "--eval_every",
+        type=int,
+        default=None,
+        help="dev evaluation every N steps during training (the curve in "
+        "result.json and --find_budget); default: small 10 a run, paper every 5K, "
+        "micro at the end",
+    )
+    p.add_argument("--root", default=None, help="default: runs/table3_<preset>")
+    p.add_argument("--out", default=os.path.join(REPO, "experiments", "results"))
+    p.add_argument("--data_dir", default=None, help="small/micro: the parallel-text folder")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=None,
+        help=f"runs at once, sharing the machine (default {DEFAULT_PARALLEL}); on a GPU each "
+        "gets an equal share of its memory",
+    )
+    p.add_argument("--print_commands", action="store_true", help="print, don't run")
+    p.add_argument(
+        "--report_only",
+        action="store_true",
+        help="write the report from the (row, seed) runs already finished under --root "
+        "and train nothing (e.g. while the sweep runs elsewhere)",
+    )
+    p.add_argument(
+        "--find_budget",
+        default=None,
+        metavar="RUN",
+        help="print the step where RUN's dev NLL stops improving (RUN: a workdir or "
+        "its metrics.jsonl), then exit",
+    )
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=0.01,
+        help="--find_budget: the smallest dev NLL improvement (nats) that counts",
+    )
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    paths.resolve_args(args, ("root", "out", "data_dir", "find_budget"))
+    if args.find_budget:
+        print(json.dumps(find_budget(args.find_budget, args.threshold)))
+        return 0
+    rows = list(TABLE3) if args.rows == "all" else args.rows.split(",")
+    unknown = [r for r in rows if r not in TABLE3]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; Table 3 rows: {', '.join(TABLE3)}")
+    if "base" in rows:  # every comparison needs base: run it first
+        rows = ["base"] + [r for r in rows if r != "base"]
+    seeds = parse_seeds(args.seeds or DEFAULT_SEEDS[args.preset])
+    steps = args.steps or preset_overrides(args.preset, "base", None)["train.num_steps"]
+    root = args.root or os.path.join(REPO, "runs", f"table3_{args.preset}")
+    kw = dict(data_dir=args.data_dir, steps=steps, eval_every=args.eval_every)
+    if args.print_commands:
+        for row in rows:
+            for seed in seeds:
+                o = run_overrides(args.preset, row, seed, root, **kw)
+                print(
+                    f"python -m tfm_jax train --config=configs/table3.py:{row} "
+                    f"--workdir={workdir_of(root, row, seed)} " + " ".join(cli_args(o))
+                )
+        return 0
+    for old in legacy_results(root, rows):
+        print(f"not read (the old single-seed layout, its own vocabulary): {old}", flush=True)
+    # the sweep's command: a --report_only report names the command that trains its runs
+    argv_shown = [a for a in (argv or sys.argv[1:]) if a != "--report_only"]
+    command = "python -m experiments.table3 " + " ".join(argv_shown)
+    tables = sweep(args, rows, seeds, root, kw, command)
+    print(json.dumps({"tables": tables}))
+    return 0
+
+
+def sweep(args, rows: list[str], seeds: list[int], root: str, kw: dict, command: str) -> list[str]:
+    """Runs (or with --report_only reads) every (row, seed), row by row, --parallel at once
+    after the first; each finished run rewrites the report. Returns the report's files."""
+    todo = [(row, seed) for row in rows for seed in seeds]  # row by row: base first
+    steps = kw["steps"]
+    big_steps = steps * step_multiple("big")
+    done: dict[tuple[str, int], dict] = {}
+    tables: list[str] = []
+    lock = threading.Lock()
+    parallel = DEFAULT_PARALLEL[args.preset] if args.parallel is None else args.parallel
+    env = parallel_env(parallel)
+
+    def one(row: str, seed: int) -> None:
+        nonlocal tables
+        t0 = time.time()
+        if args.report_only:
+            r = finished_result(args.preset, row, seed, root, **kw)
+            if r is None:
+                return
+        else:
+            r = run_one(args.preset, row, seed, root, env=env, **kw)
+        print(
+            f"{row} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
+            f"params {r['params'] / 1e6:.2f}M ({time.time() - t0:.0f} s)",
+            flush=True,
+        )
+        with lock:  # each finished run rewrites the report, in (row, seed) order
+            done[row, seed] = r
+            results = [done[k] for k in todo if k in done]
+            tables = write_table(args.preset, results, args.out, command, seeds, steps, big_steps)
+
+    if parallel == 1 or args.report_only:
+        for row, seed in todo:
+            one(row, seed)
+    else:
+        # The first run alone: it trains the shared vocabulary and token cache the others read.
+        one(*todo[0])
+        with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+            futures = [pool.submit(one, row, seed) for row, seed in todo[1:]]
+            for f in concurrent.futures.as_completed(futures):
+                if f.exception() is not None:  # the error names the run's log
+                    pool.shutdown(cancel_futures=True)  # the running ones finish, no new ones
+                    raise f.exception()
+    return tables
