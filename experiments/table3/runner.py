@@ -17,6 +17,7 @@ from experiments.table3 import stats
 from experiments.table3.commands import local_log, run_cmd, save_log
 from experiments.table3.presets import cli_args, run_overrides
 from tfm_jax.platform import storage
+from tfm_jax.viz.curves import read_metrics
 
 # Overrides that change how often a run logs, evaluates or saves, not what it learns: a finished
 # or half-finished run may be continued under other values of these.
@@ -99,7 +100,7 @@ def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None
             env,
         )
     )["rows"]
-    curve = stats.dev_curve(stats.read_metrics(workdir))
+    curve = stats.dev_curve(read_metrics(workdir))
     result = {
         "row": row,
         "seed": int(seed),

@@ -16,10 +16,7 @@ sweep runs (and written into the report's header):
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-
-from tfm_jax.platform import storage
 
 PRIMARY, SECONDARY = "ppl", "bleu"
 METRICS = (PRIMARY, SECONDARY)
@@ -222,13 +219,6 @@ def summary_line(judgements: list[dict[str, Judgement]], metric: str = PRIMARY) 
 
 
 # ---- the budget: where base's dev loss stops improving ----
-
-
-def read_metrics(path: str) -> list[dict]:
-    """The records of a run's metrics.jsonl (`path` may be the run's workdir)."""
-    if storage.isdir(path):  # a local folder or a gs:// run
-        path = storage.join(path, "metrics.jsonl")
-    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
 
 
 def dev_curve(records: list[dict]) -> list[tuple[int, float]]:

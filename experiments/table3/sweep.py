@@ -76,11 +76,12 @@ from experiments.table3.presets import (
 from experiments.table3.report import write_table
 from experiments.table3.runner import finished_result, legacy_results, run_one, workdir_of
 from tfm_jax.config import paths
+from tfm_jax.viz.curves import read_metrics
 
 
 def find_budget(path: str, threshold: float) -> dict:
     """The plateau of a (base) run's dev curve: the step to use as --steps."""
-    curve = stats.dev_curve(stats.read_metrics(path))
+    curve = stats.dev_curve(read_metrics(path))
     step = stats.plateau_step(curve, threshold)
     out = {
         "metrics": path,

@@ -1,8 +1,10 @@
 """Tiny parallel-text runs for the training-loop and CLI tests."""
 
+import contextlib
 import os
 import re
 import socket
+import subprocess
 
 from helpers import SHARED_DATA, tiny_config
 
@@ -83,3 +85,14 @@ _NATIVE_LOG = re.compile(
 def python_lines(stderr: str) -> list[str]:
     """The non-empty lines of a tfm_jax process's stderr that Python wrote (errors, records)."""
     return [ln for ln in stderr.splitlines() if ln.strip() and not _NATIVE_LOG.match(ln)]
+
+
+@contextlib.contextmanager
+def killed_on_exit(proc: subprocess.Popen):
+    """A process a test drives, killed if the test fails while it runs (not left training)."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)

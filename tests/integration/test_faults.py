@@ -2,7 +2,6 @@
 a second signal during the save, resuming with a changed model, every checkpoint corrupt, bad
 numbers in the config, and relative paths."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from helpers import REPO
 from helpers.runs import (
     cli_args,
     free_port,
+    killed_on_exit,
     python_lines,
     tiny_run_config,
     tiny_run_overrides,
@@ -53,17 +53,6 @@ def cli(args, stdout=subprocess.PIPE, **kw):
     env.pop("XLA_FLAGS", None)
     return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,
                             stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
-
-
-@contextlib.contextmanager
-def killed_on_exit(proc):
-    """A process the test drives, killed if the test fails while it runs (not left training)."""
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
 
 
 def assert_clean_message(err: str, *needles: str) -> None:

@@ -7,7 +7,6 @@ under the current directory named after the URL.
 Skips, with the reason, only where the server cannot start; the test extra installs it.
 """
 
-import contextlib
 import json
 import os
 import signal
@@ -24,6 +23,7 @@ from helpers.gcs_server import GcsServer, GcsUnavailable
 from helpers.runs import (
     cli_args,
     free_port,
+    killed_on_exit,
     python_lines,
     tiny_run_config,
     tiny_run_overrides,
@@ -249,16 +249,6 @@ def test_the_workdir_lease_on_gs(gcs):
     b._version = backend.read()[1]
     b.release()
     assert not record.exists()
-
-
-@contextlib.contextmanager
-def killed_on_exit(proc):
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=60)
 
 
 def test_a_second_train_on_a_gs_workdir_refuses(gcs, corpus, tmp_path):

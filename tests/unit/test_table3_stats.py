@@ -13,6 +13,7 @@ from experiments.table3 import presets
 from experiments.table3 import report as R
 from experiments.table3 import stats as S
 from experiments.table3.presets import TABLE3 as ROWS
+from tfm_jax.viz.curves import read_metrics
 
 
 def test_differences_and_directions():
@@ -190,7 +191,7 @@ def test_dev_curve_reads_metrics_jsonl(tmp_path):
         {"step": 200, "kind": "eval", "nll": 2.9},  # a resumed run's repeat: the later wins
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    curve = S.dev_curve(S.read_metrics(str(tmp_path)))
+    curve = S.dev_curve(read_metrics(str(tmp_path)))
     assert curve == [(100, 4.0), (200, 2.9), (300, 2.5)]
 
 

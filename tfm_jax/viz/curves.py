@@ -16,7 +16,9 @@ def save_figure(fig, out: str) -> None:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-    path = storage.join(workdir, "metrics.jsonl")
+    """The records of a run's metrics.jsonl (train/loop.py's MetricsWriter writes them, one JSON
+    object a line); `workdir` may also be the metrics.jsonl itself, local or gs://."""
+    path = workdir if not storage.isdir(workdir) else storage.join(workdir, "metrics.jsonl")
     if not storage.exists(path):
         raise FileNotFoundError(f"{path} does not exist: train first (python -m tfm_jax train)")
     return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
