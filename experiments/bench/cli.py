@@ -41,7 +41,7 @@ import numpy as np
 from experiments.bench.peak import Peak, bench_peak
 from experiments.bench.progress import emit, median, progress
 from experiments.bench.step import StepCase, bench_train_step
-from tfm_jax.checkpoint import layout
+from tfm_jax.checkpoint import reading
 from tfm_jax.config import paths
 from tfm_jax.config.build import build_config, split_overrides
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             emit(record)
     if "decode" in args.benches:
         spec = args.config[0] if args.config else (None if args.workdir else specs[0])
-        saved = layout.read_config_json(args.workdir) if spec is None else None
+        saved = reading.read_config_json(args.workdir) if spec is None else None
         cfg = build_config(spec, dict(overrides), saved)
         progress(f"decode: beam 4 and greedy on {cfg.data.test_split} (each pass twice)")
         emit(bench_decode_record(cfg, args.decode_limit, args.workdir))

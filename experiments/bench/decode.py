@@ -22,7 +22,7 @@ import jax
 import ml_collections
 
 from tfm_jax import data, platform
-from tfm_jax.checkpoint import layout
+from tfm_jax.checkpoint import reading
 from tfm_jax.config import paths
 from tfm_jax.decode import load, translate
 from tfm_jax.model import scoring
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     paths.resolve_args(args)
     platform.split_cpu_devices(args.cpu_devices)
     spec = args.config or (None if args.workdir else "configs/small.py")
-    saved = layout.read_config_json(args.workdir) if spec is None else None
+    saved = reading.read_config_json(args.workdir) if spec is None else None
     cfg = build_config(spec, overrides, saved)
     print(json.dumps(bench_decode(cfg, args.workdir, args.limit)))
     return 0

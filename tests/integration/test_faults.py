@@ -24,8 +24,8 @@ from helpers.runs import (
     write_tiny_corpus,
 )
 
-from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.checkpoint import reading
 from tfm_jax.cli.main import main
 from tfm_jax.config import paths
 from tfm_jax.config import validate as config
@@ -75,7 +75,7 @@ def wait_for_step(log_path, at_least: int, proc, timeout=300) -> None:
 
 def params_at(workdir, step, cfg):
     abstract = train.make_trainer(cfg).abstract_state.params
-    return jax.device_get(ckpt_layout.load_params(workdir, str(step), abstract))
+    return jax.device_get(reading.load_params(workdir, str(step), abstract))
 
 
 def long_run_args(corpus, **extra):
@@ -206,7 +206,7 @@ def test_resume_with_a_changed_model_is_a_clear_error(corpus, trained):
 def test_resume_keys_are_classified(corpus, trained):
     from tfm_jax.train import resume
 
-    saved = ckpt_layout.read_config_json(trained)
+    saved = reading.read_config_json(trained)
     cfg = tiny_run_config(corpus, **{"train.num_steps": 99, "decode.alpha": 1.0,
                                      "optim.lr_factor": 2.0, "model.num_heads": 4,
                                      "model.d_k": 8, "model.d_v": 8,

@@ -30,7 +30,7 @@ from helpers.runs import (
     write_tiny_corpus,
 )
 
-from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.checkpoint import reading
 from tfm_jax.train import trainer as train
 
 pytestmark = [pytest.mark.gcs, pytest.mark.multiprocess, pytest.mark.slow]
@@ -121,8 +121,8 @@ def test_sigterm_and_resume_on_gs_match_a_local_run(gcs, corpus, stopped_and_res
     run([*train_args(corpus, **{"train.num_steps": final}), f"--workdir={local}"], gcs)
     cfg = tiny_run_config(corpus)
     abstract = train.make_trainer(cfg).abstract_state.params
-    a = jax.device_get(ckpt_layout.load_params(workdir, str(final), abstract))
-    b = jax.device_get(ckpt_layout.load_params(str(local), str(final), abstract))
+    a = jax.device_get(reading.load_params(workdir, str(final), abstract))
+    b = jax.device_get(reading.load_params(str(local), str(final), abstract))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
     remote = train_losses(epath.Path(f"{workdir}/metrics.jsonl").read_text())

@@ -18,8 +18,8 @@ import pytest
 from helpers import REPO
 from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
-from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.checkpoint import reading
 from tfm_jax.train import loop
 from tfm_jax.train import trainer as train
 
@@ -45,7 +45,7 @@ def cli(args, **kw):
 
 def final_params(workdir, cfg):
     trainer = train.make_trainer(cfg)
-    return jax.device_get(ckpt_layout.load_params(workdir, "latest", trainer.abstract_state.params))
+    return jax.device_get(reading.load_params(workdir, "latest", trainer.abstract_state.params))
 
 
 @pytest.mark.multiprocess
@@ -160,8 +160,8 @@ def test_averaging_cli_equals_mean_of_inputs(corpus, tmp_path):
     assert json.loads(out.strip().splitlines()[-1])["steps"] == [4, 8]
     trainer = train.make_trainer(cfg)
     abstract = trainer.abstract_state.params
-    p4, p8 = (ckpt_layout.load_params(tmp_path, s, abstract) for s in ("4", "8"))
-    avg = ckpt_layout.load_params(tmp_path, "averaged", abstract)
+    p4, p8 = (reading.load_params(tmp_path, s, abstract) for s in ("4", "8"))
+    avg = reading.load_params(tmp_path, "averaged", abstract)
     for a, x, y in zip(*(jax.tree.leaves(t) for t in (avg, p4, p8)), strict=False):
         np.testing.assert_allclose(np.asarray(a), (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6)
 

@@ -21,7 +21,7 @@ from helpers import REPO
 from helpers.runs import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 from helpers.slurm import LocalSlurm, SlurmUnavailable
 
-from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.checkpoint import reading
 from tfm_jax.train import trainer as train
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.slow]
@@ -129,7 +129,7 @@ def test_template_preempted_twice_resumes_to_the_uninterrupted_params(slurm, cor
 
     cfg = tiny_run_config(corpus, **RUN)
     abstract = train.make_trainer(cfg).abstract_state.params
-    a = jax.device_get(ckpt_layout.load_params(tmp_path / "straight", str(STEPS), abstract))
-    b = jax.device_get(ckpt_layout.load_params(tmp_path / "preempted", str(STEPS), abstract))
+    a = jax.device_get(reading.load_params(tmp_path / "straight", str(STEPS), abstract))
+    b = jax.device_get(reading.load_params(tmp_path / "preempted", str(STEPS), abstract))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)

@@ -11,9 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax.checkpoint import averaging
+from tfm_jax.checkpoint import averaging, reading
 from tfm_jax.checkpoint import errors as ckpt_errors
-from tfm_jax.checkpoint import layout as ckpt_layout
 from tfm_jax.checkpoint import manager as checkpoint
 
 CONFIG_JSON = json.dumps({"model": {"num_layers": 2, "d_model": 8}, "optim": {"warmup": 4}})
@@ -117,11 +116,9 @@ def test_round_trip_is_bitwise(tmp_path):
     for x, y in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
         assert x.sharding.is_equivalent_to(y.sharding, x.ndim)
     assert data_state == DATA_STATE
-    assert ckpt_layout.read_config_json(tmp_path) == json.loads(CONFIG_JSON)
-    assert ckpt_layout.read_config_json(tmp_path, which="7") == json.loads(CONFIG_JSON)
-    _assert_trees_equal(
-        ckpt_layout.load_params(tmp_path, "7", _abstract(state.params)), state.params
-    )
+    assert reading.read_config_json(tmp_path) == json.loads(CONFIG_JSON)
+    assert reading.read_config_json(tmp_path, which="7") == json.loads(CONFIG_JSON)
+    _assert_trees_equal(reading.load_params(tmp_path, "7", _abstract(state.params)), state.params)
 
 
 def test_restore_latest_empty_returns_none(tmp_path):
@@ -191,7 +188,7 @@ def test_average_equals_mean_of_inputs(tmp_path):
     assert result.steps == [2, 3]
     assert averaging.read_averaged_steps(tmp_path) == [2, 3]
 
-    averaged = ckpt_layout.load_params(tmp_path, "averaged", abstract)
+    averaged = reading.load_params(tmp_path, "averaged", abstract)
     for path, leaf in jax.tree_util.tree_flatten_with_path(averaged)[0]:
         inputs = [np.asarray(_leaf(states[s].params, path), np.float32) for s in (2, 3)]
         expected = (np.mean(inputs, axis=0)).astype(leaf.dtype)
@@ -200,7 +197,7 @@ def test_average_equals_mean_of_inputs(tmp_path):
         )
         assert leaf.dtype == _leaf(states[3].params, path).dtype
         assert leaf.sharding.is_equivalent_to(_leaf(abstract, path).sharding, leaf.ndim)
-    assert ckpt_layout.read_config_json(tmp_path, which="averaged") == json.loads(CONFIG_JSON)
+    assert reading.read_config_json(tmp_path, which="averaged") == json.loads(CONFIG_JSON)
 
     with pytest.raises(ValueError, match=r"only 3 complete ones exist.*steps \[1, 2, 3\]"):
         averaging.average_checkpoints(tmp_path, 5, abstract)
@@ -271,7 +268,7 @@ def test_killed_save_is_never_listed(tmp_path):
         assert ckpt.all_steps() == [1]
         _, _, step = ckpt.restore_latest(_abstract(states[2]))
         assert step == 1
-    assert ckpt_layout.load_params(tmp_path, "latest", _abstract(states[1].params)) is not None
+    assert reading.load_params(tmp_path, "latest", _abstract(states[1].params)) is not None
 
 
 def test_mismatched_abstract_state_raises_and_moves_nothing(tmp_path):
@@ -286,17 +283,17 @@ def test_mismatched_abstract_state_raises_and_moves_nothing(tmp_path):
 def test_load_params_errors_say_what_exists(tmp_path):
     abstract = _abstract(_make_params(0))
     with pytest.raises(ckpt_errors.CheckpointNotFoundError) as e:
-        ckpt_layout.load_params(tmp_path, "averaged", abstract)
+        reading.load_params(tmp_path, "averaged", abstract)
     msg = str(e.value)
     assert "no checkpoints" in msg
     assert f"python -m tfm_jax average --workdir={tmp_path} --last=5" in msg
     with pytest.raises(ckpt_errors.CheckpointNotFoundError, match="no complete checkpoint"):
-        ckpt_layout.load_params(tmp_path, "latest", abstract)
+        reading.load_params(tmp_path, "latest", abstract)
     with pytest.raises(ckpt_errors.CheckpointNotFoundError):
-        ckpt_layout.read_config_json(tmp_path)
+        reading.read_config_json(tmp_path)
 
     _save_steps(tmp_path, [4])
     with pytest.raises(ckpt_errors.CheckpointNotFoundError, match=r"steps \[4\] exist"):
-        ckpt_layout.load_params(tmp_path, "9", abstract)
+        reading.load_params(tmp_path, "9", abstract)
     with pytest.raises(ValueError, match="'averaged', 'latest' or a step number"):
-        ckpt_layout.load_params(tmp_path, "best", abstract)
+        reading.load_params(tmp_path, "best", abstract)

@@ -1,7 +1,7 @@
 """The paper's checkpoint averaging (§6): the mean params of a run's last N checkpoints.
 
 The average is written to `<workdir>/averaged/` (see layout.py) and read back with
-`layout.load_params(workdir, "averaged", ...)`.
+`reading.load_params(workdir, "averaged", ...)`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax.checkpoint import debris, layout
+from tfm_jax.checkpoint import debris, layout, reading
 from tfm_jax.checkpoint.errors import CheckpointRestoreError
 from tfm_jax.checkpoint.layout import CONFIG, META, PARAMS, STATE
 
@@ -81,7 +81,7 @@ def average_checkpoints(
                     )[CONFIG]
             except Exception as e:  # Orbax/TensorStore/JSON raise many kinds
                 debris.install()  # reported here, with the step; not again
-                failed.append((step, f"cannot be read ({layout.read_error_reason(e)})"))
+                failed.append((step, f"cannot be read ({reading.read_error_reason(e)})"))
                 continue
             if acc is None:
                 acc = jax.tree.map(lambda p: p.astype(jnp.float32), params)

@@ -27,7 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax.checkpoint import debris, layout
+from tfm_jax.checkpoint import debris, layout, reading
 from tfm_jax.checkpoint.errors import (
     CheckpointRestoreError,
     CheckpointSaveError,
@@ -287,7 +287,7 @@ class Checkpointer:
         full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
             s in text for s in ("No space left", "os_error_code='28'", "Disk quota")
         )
-        what = "no space left on the device" if full else layout.read_error_reason(e)
+        what = "no space left on the device" if full else reading.read_error_reason(e)
         free = storage.free_bytes(self.directory)
         space = ""
         if full and self._state_bytes:

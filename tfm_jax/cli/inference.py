@@ -12,7 +12,7 @@ from typing import Any
 import ml_collections
 
 from tfm_jax import platform
-from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.checkpoint import reading
 from tfm_jax.cli import errors
 from tfm_jax.cli.log_setup import setup_logging
 from tfm_jax.config import paths
@@ -61,7 +61,7 @@ def _config(args, overrides) -> ml_collections.ConfigDict:
     check_workdir(args.workdir)
     # A missing checkpoint is a CheckpointNotFoundError listing what the workdir holds.
     # warn=False: loading the params then warns once about a checkpoint that does not read
-    saved = None if args.config else ckpt_layout.read_config_json(args.workdir, warn=False)
+    saved = None if args.config else reading.read_config_json(args.workdir, warn=False)
     cfg = build_config(args.config, dict(overrides), saved)
     platform.init_runtime(cfg)  # the run's platform settings
     return cfg
@@ -87,7 +87,7 @@ def _setup_ensemble(args, overrides):
     workdirs = [args.workdir, *others]
     # The overrides are the first run's (they set decoding and data); every other member is
     # built from its own saved config, so members of different shapes load as they were trained.
-    cfgs = [cfg] + [build_config(None, {}, ckpt_layout.read_config_json(w)) for w in others]
+    cfgs = [cfg] + [build_config(None, {}, reading.read_config_json(w)) for w in others]
     which = [args.checkpoint or default_checkpoint(w) for w in workdirs]
     models, params, tokenizer = load_ensemble(workdirs, which, cfgs)
     members = [{"workdir": w, "checkpoint": str(c)} for w, c in zip(workdirs, which, strict=True)]

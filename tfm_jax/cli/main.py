@@ -113,12 +113,11 @@ def cmd_train(args, overrides) -> int:
 
 def cmd_average(args, overrides) -> int:
     """Averages the params of the last N checkpoints into <workdir>/averaged (§6.1)."""
-    from tfm_jax.checkpoint import averaging
-    from tfm_jax.checkpoint import layout as ckpt_layout
+    from tfm_jax.checkpoint import averaging, reading
     from tfm_jax.model import scoring
 
     # warn=False: averaging then names each checkpoint it skips
-    saved = None if args.config else ckpt_layout.read_config_json(args.workdir, warn=False)
+    saved = None if args.config else reading.read_config_json(args.workdir, warn=False)
     cfg = build_config(args.config, overrides, saved)
     _, params = scoring.abstract_params(cfg)  # shapes and shardings: no optimizer is built
     result = averaging.average_checkpoints(

@@ -126,7 +126,7 @@ def split_overrides(argv: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def build_config(spec: str | None, overrides: dict[str, str], saved: dict | None = None):
-    """--config file (or `saved`, the config a run saved: checkpoint.layout.read_config_json)
+    """--config file (or `saved`, the config a run saved: checkpoint.reading.read_config_json)
     + typed overrides, validated and locked."""
     if spec:
         cfg = load_config_file(spec)

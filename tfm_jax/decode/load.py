@@ -15,6 +15,7 @@ import ml_collections
 
 from tfm_jax.checkpoint import errors as ckpt_errors
 from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.checkpoint import reading
 from tfm_jax.config import paths
 from tfm_jax.data.tokenizer import Tokenizer
 from tfm_jax.model import scoring, transformer
@@ -83,7 +84,7 @@ def load_for_inference(
     check_workdir(workdir)
     model, abstract = scoring.abstract_params(cfg)  # no optimizer, no train step
     try:
-        params = ckpt_layout.load_params(workdir, str(which), abstract)
+        params = reading.load_params(workdir, str(which), abstract)
     except ckpt_errors.CheckpointNotFoundError as e:  # it lists the steps the workdir holds
         raise InferenceError(str(e)) from None
     except ValueError as e:  # a `which` that is neither a name nor a step

@@ -6,6 +6,7 @@ Apart from trainer.py (the pure step functions) so that each part can be tested 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -151,6 +152,29 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     return Run(cfg, workdir, trainer, tokenizer, train_iter, eval_batches, ckpt, state, start)
 
 
+@dataclasses.dataclass
+class LogWindow:
+    """What the steps since the last log line add up to: the step metrics summed on the device
+    (no host transfer until a log step), the real and padded token slots, steps and FLOPs."""
+
+    sums: dict | None = None
+    real: int = 0
+    slots: int = 0
+    steps: int = 0
+    flops: float = 0.0  # batches of different shapes differ
+
+    def add(self, step_metrics: dict, local: dict, flops: float) -> None:
+        self.sums = (
+            step_metrics if self.sums is None else jax.tree.map(jnp.add, self.sums, step_metrics)
+        )
+        self.real += int(np.count_nonzero(local["inputs"])) + int(
+            np.count_nonzero(local["targets"])
+        )
+        self.slots += local["inputs"].size + local["targets"].size
+        self.steps += 1
+        self.flops += flops
+
+
 class MetricsWriter:
     """One JSON line per log step in <workdir>/metrics.jsonl, plus TensorBoard event files.
 
@@ -280,7 +304,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     steps_by_shape: dict[tuple, CompiledStep] = {}
     state, step = run.state, run.start_step
     last_good = run.checkpointer.latest_step()
-    acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
+    window = LogWindow()  # the steps since the last log line
     t_log = time.time()
     metrics: dict[str, Any] = {}
     # read once: neither the host's memory nor this process's malloc settings change
@@ -298,9 +322,12 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 "(training resumes from it; lower optim.lr_factor or raise optim.warmup_steps)."
             )
 
-    stop = preemption.StopRequest()
-    try:
-        stop.__enter__()
+    with contextlib.ExitStack() as cleanup:  # on the way out, however: last in, first done
+        cleanup.callback(progress.close)
+        cleanup.callback(writer.close)
+        stop = cleanup.enter_context(preemption.StopRequest())  # signals stop after a step
+        cleanup.callback(run.checkpointer.wait)  # with the handlers on: a 2nd signal exits
+        cleanup.callback(lambda: profiler.close(state))  # the state when the loop ends
         while step < num_steps:
             local = next(run.train_iter)
             shape = tuple(local["inputs"].shape) + tuple(local["targets"].shape)
@@ -317,18 +344,11 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 state, m = compiled(state, batch)
             step += 1
             profiler.after(step, state)
-            # device-side running sums: no host transfer except on log steps
-            acc = m if acc is None else jax.tree.map(jnp.add, acc, m)
-            acc_real += int(np.count_nonzero(local["inputs"])) + int(
-                np.count_nonzero(local["targets"])
-            )
-            acc_slots += local["inputs"].size + local["targets"].size
-            acc_steps += 1
-            acc_flops += compiled.flops  # batches of different shapes differ
+            window.add(m, local, compiled.flops)
 
             if step % cfg.train.log_every_steps == 0 or step == num_steps:
-                check_finite(acc, step)
-                sums = losses.normalize_metrics(jax.device_get(acc))  # on the host now
+                check_finite(window.sums, step)
+                sums = losses.normalize_metrics(jax.device_get(window.sums))  # on the host now
                 dt = time.time() - t_log
                 updates = step // cfg.optim.accumulate_steps
                 rss, peak_rss = host.resident_bytes()
@@ -340,11 +360,11 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 metrics = {
                     **sums,
                     "lr": float(trainer.schedule(max(updates - 1, 0))),
-                    "grad_norm": float(acc["grad_norm"]) / acc_steps,
+                    "grad_norm": float(window.sums["grad_norm"]) / window.steps,
                     "target_tokens_per_s": sums["tokens"] / dt,
-                    "steps_per_s": acc_steps / dt,
-                    "padding_efficiency": acc_real / max(acc_slots, 1),
-                    "flops_per_s": acc_flops / dt,
+                    "steps_per_s": window.steps / dt,
+                    "padding_efficiency": window.real / max(window.slots, 1),
+                    "flops_per_s": window.flops / dt,
                     "rss_bytes": rss,
                     "peak_rss_bytes": peak_rss,
                     # accelerators' own counters (None on CPU, where RSS is the memory)
@@ -353,7 +373,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 writer.write(step, "train", metrics)
                 if lead:
                     progress.update(step, metrics)
-                acc, acc_real, acc_slots, acc_steps, acc_flops = None, 0, 0, 0, 0.0
+                window = LogWindow()
                 t_log = time.time()
 
             if step % cfg.train.eval_every_steps == 0 or step == num_steps:
@@ -368,8 +388,8 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
             final = step == num_steps or stop.requested
             if final or run.checkpointer.should_save(step):
                 _check_lease(run)  # a run whose workdir was taken over must not save into it
-                if acc is not None:
-                    check_finite(acc, step)  # never checkpoint a state a NaN went into
+                if window.sums is not None:
+                    check_finite(window.sums, step)  # never checkpoint a state a NaN went into
                 saved = run.checkpointer.maybe_save(
                     step, state, run.train_iter.get_state(), config_json, force=True
                 )
@@ -381,12 +401,6 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 metrics.update(stopped_by=stop.name, step=step)
                 log.info("%s: saved step %d; stopping", stop.name, step)
                 break
-    finally:
-        profiler.close(state)
-        run.checkpointer.wait()
-        stop.__exit__()
-        writer.close()
-        progress.close()
     run.state = state
     return metrics
 

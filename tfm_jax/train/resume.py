@@ -18,6 +18,7 @@ from typing import Any
 import ml_collections
 
 from tfm_jax.checkpoint import layout as ckpt_layout
+from tfm_jax.checkpoint import reading
 from tfm_jax.config import paths
 from tfm_jax.config.validate import ConfigError
 from tfm_jax.platform import storage
@@ -72,7 +73,7 @@ def read_saved_config(workdir: str) -> tuple[dict[str, Any], str] | None:
     Returns (config as nested dict, where it came from).
     """
     try:
-        return ckpt_layout.read_config_json(workdir, "latest"), "the newest checkpoint"
+        return reading.read_config_json(workdir, "latest"), "the newest checkpoint"
     except Exception as e:  # no checkpoint, or a damaged one: the restore will say which
         log.debug("no config from the checkpoints of %s: %s", workdir, e)
     path = storage.join(workdir, "config.json")
