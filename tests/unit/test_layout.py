@@ -250,7 +250,7 @@ LOCAL_FILES_ALLOWED = {
     "tfm_jax.platform.host": "/proc and the malloc re-exec: this machine's own files",
     "tfm_jax.platform.cpu": "CPU-only: /proc and /sys",
     "tfm_jax.platform.cluster": "/proc/driver/nvidia: this machine's GPUs",
-    "tfm_jax.platform": "JAX's compilation cache: a local folder JAX itself writes",
+    "tfm_jax.platform.runtime": "JAX's compilation cache: a local folder JAX itself writes",
     "tfm_jax.data.token_cache": "memory-mapped .npy files must be local; a gs:// cache goes "
     "through data/cache_mirror.py into a local mirror first",
     "tfm_jax.data.cache_mirror": "the local mirror of a gs:// token cache",

@@ -1,4 +1,4 @@
-"""CPU-only code paths (tests: `pytest -m cpu_only`), chosen by the seam in platform/__init__.py.
+"""CPU-only code paths (tests: `pytest -m cpu_only`), chosen by the seam in platform/runtime.py.
 
 - `canonical_product`: the bf16 x bf16 -> f32 products of `matmul.einsum` in the one layout
   XLA:CPU runs fast. XLA:CPU runs bf16 x bf16 -> f32 dots only through YNNPACK, which takes
