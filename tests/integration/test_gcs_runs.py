@@ -183,13 +183,8 @@ def test_two_processes_share_a_gs_workdir(gcs, corpus, tmp_path):
 
 
 def test_table3_harness_one_row_on_gs(gcs, tmp_path):
-    import importlib.util
+    from experiments.table3 import sweep as h  # `python -m experiments.table3`'s main
 
-    spec = importlib.util.spec_from_file_location(
-        "table3_harness", os.path.join(REPO, "experiments", "table3.py")
-    )
-    h = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(h)
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=600, n_val=16)
     root = f"{BUCKET}/table3"
     args = ["--preset=micro", "--rows=base", "--seeds=0", f"--root={root}",
