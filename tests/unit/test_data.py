@@ -389,6 +389,27 @@ def test_missing_split_or_language_file(tmp_path):
         data.load_split_texts(_cfg(tmp_path / "nope"), "train")
 
 
+def test_sliced_splits_as_tfds_spells_them(tmp_path):
+    """data.train_split="train[:50%]" and the like: those lines of the folder's files, taken
+    before pairs with an empty side are dropped; a bad slice is a one-line DataError."""
+    _write(tmp_path, "train", "en", [f"s{i}" for i in range(10)])
+    _write(tmp_path, "train", "de", [f"t{i}" if i != 1 else "" for i in range(10)])
+    cfg = _cfg(tmp_path)
+    src, tgt = data.load_split_texts(cfg, "train[:50%]")
+    assert src == ["s0", "s2", "s3", "s4"] and tgt == ["t0", "t2", "t3", "t4"]  # line 1 empty
+    assert data.load_split_texts(cfg, "train[:30%]")[0] == ["s0", "s2"]
+    assert data.load_split_texts(cfg, "train[7:]")[0] == ["s7", "s8", "s9"]
+    assert data.load_split_texts(cfg, "train[25%:50%]")[0] == ["s2", "s3", "s4"]
+    assert sources.split_name("train[:50%]") == "train"
+    # a cache keyed by the split tells the slices apart; the files are the split's
+    ident = [sources.source_identity(cfg, s) for s in ("train", "train[:50%]")]
+    assert ident[0][0] != ident[1][0] and ident[0][1] == ident[1][1]
+    for bad, why in (("train[:50", "expected a split name"), ("train[:150%]", "over 100%"),
+                     ("train[5:5]", "selects no line")):  # fmt: skip
+        with pytest.raises(DataError, match=why):
+            data.load_split_texts(cfg, bad)
+
+
 def test_invalid_utf8_names_file_and_line(tmp_path):
     _write(tmp_path, "train", "en", ["a", "b", "c"])
     with open(tmp_path / "train.de", "wb") as f:

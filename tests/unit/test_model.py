@@ -178,6 +178,18 @@ def test_incremental_decoding_equals_full_forward(positional):
         np.testing.assert_allclose(np.asarray(logits)[real, 0], full[real, t], atol=1e-5)
 
 
+def test_learned_positions_start_at_the_configured_scale():
+    """model.learned_pos_init_std (Table 3 row E's probe E-std1): the learned table's initial
+    std; 0.02 by default, 1.0 puts it at the scaled token embeddings' std."""
+    for std in (0.02, 1.0):
+        model = small_model(positional="learned", learned_pos_init_std=std)
+        params = nn.unbox(model.init(jax.random.PRNGKey(0), SRC, TGT))["params"]
+        table = np.asarray(params["src_pos"]["pos_embedding"])
+        assert table.std() == pytest.approx(std, rel=0.1)
+        emb = np.asarray(params["embed"]["embedding"]) * model.d_model**0.5
+        assert emb.std() == pytest.approx(1.0, rel=0.1)  # tokens x sqrt(d_model): unit scale
+
+
 def test_dk_dv_independent_of_heads():
     model = small_model(num_heads=2, d_k=3, d_v=5)
     shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), SRC, TGT)["params"]

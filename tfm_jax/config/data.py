@@ -19,7 +19,9 @@ def default_data_config() -> ml_collections.ConfigDict:
     # Direction is explicit: the model reads source_lang and writes target_lang (§5.1: en->de).
     cfg.source_lang = "en"
     cfg.target_lang = "de"
-    # Split names as the source spells them. For tfds WMT14: "train", "validation"
+    # Split names as the source spells them, optionally sliced as tensorflow-datasets slices them
+    # ("train[:50%]": the first half of the pairs, in a folder the first half of the lines). For
+    # tfds WMT14: "train", "validation"
     # (newstest2013), "test" (newstest2014).
     cfg.train_split = "train"
     cfg.eval_split = "val"

@@ -29,6 +29,7 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.model.dropout = 0.1  # §5.4 P_drop
     cfg.model.attention_dropout = 0.0  # not in the paper; tensor2tensor's switch
     cfg.model.positional = "sinusoidal"  # §3.5; "learned" = Table 3 row (E)
+    cfg.model.learned_pos_init_std = 0.02  # "learned" only: the table's initial std
     cfg.model.norm = "post"  # §3.1; "pre" is the later Pre-LN variant
     cfg.model.max_len = 256  # position table size; >= data.max_len and decode lengths
     cfg.model.dtype = "float32"  # compute dtype; "bfloat16" keeps float32 master weights

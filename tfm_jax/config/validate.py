@@ -74,6 +74,7 @@ RANGES: dict[str, Range] = {
     "model.d_v": _POSITIVE,
     "model.dropout": _PROBABILITY,
     "model.attention_dropout": _PROBABILITY,
+    "model.learned_pos_init_std": Range(lo=0.0, lo_open=True),
     "model.max_len": Range(lo=2),
     "optim.d_model": _POSITIVE,
     "optim.warmup_steps": _POSITIVE,

@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -85,6 +86,48 @@ def _text(x) -> str:
     return x.decode("utf-8") if isinstance(x, bytes) else str(x)
 
 
+# A split name, optionally sliced as tensorflow-datasets spells it: "train", "train[:50%]",
+# "train[:14500]", "train[1000:2000]", "train[25%:]".
+_SPLIT = re.compile(r"^(?P<name>[^\[\]]+?)(?:\[(?P<start>\d+%?)?:(?P<stop>\d+%?)?\])?$")
+
+
+def split_name(split: str) -> str:
+    """The split a (possibly sliced) split string reads: "train[:50%]" -> "train"."""
+    return _parse_split(split)[0]
+
+
+def _parse_split(split: str) -> tuple[str, str | None, str | None]:
+    m = _SPLIT.match(split.strip())
+    if m is None:
+        raise DataError(
+            f"split {split!r}: expected a split name, optionally sliced as tensorflow-datasets "
+            "spells it (train, train[:50%], train[:14500], train[1000:2000]); check "
+            "data.train_split/eval_split/test_split."
+        )
+    return m["name"], m["start"], m["stop"]
+
+
+def slice_bounds(split: str, n: int) -> tuple[int, int]:
+    """[start, stop) of a sliced split over its n lines; percents rounded to the nearest line
+    (as tensorflow-datasets rounds them)."""
+    _, start, stop = _parse_split(split)
+
+    def at(bound: str | None, default: int) -> int:
+        if bound is None:
+            return default
+        if bound.endswith("%"):
+            pct = int(bound[:-1])
+            if pct > 100:
+                raise DataError(f"split {split!r}: {bound} is over 100%.")
+            return int(round(n * pct / 100))
+        return min(int(bound), n)
+
+    lo, hi = at(start, 0), at(stop, n)
+    if lo >= hi:
+        raise DataError(f"split {split!r} selects no line of its {n}: widen the slice.")
+    return lo, hi
+
+
 def open_split(cfg: ml_collections.ConfigDict, split: str) -> ParallelText | TfdsPairs:
     """Opens one split of the configured source: a random-access source of (source, target)."""
     if cfg.source_lang == cfg.target_lang:
@@ -123,7 +166,7 @@ def source_identity(cfg: ml_collections.ConfigDict, split: str) -> tuple[dict, l
         where = paths.resolve(cfg.dir)
         state = []
         for lang in langs:
-            name = f"{split}.{lang}"
+            name = f"{split_name(split)}.{lang}"
             state.append([name, *storage.file_state(storage.join(where, name))])
         return {"folder": where, "split": split, "langs": langs}, state
     if cfg.source == "tfds":
@@ -159,8 +202,13 @@ def _read_lines(path: str) -> list[str]:
 
 
 def read_folder_split(folder: str, split: str, source_lang: str, target_lang: str) -> ParallelText:
-    """Reads `{folder}/{split}.{source_lang}` and `.{target_lang}`, line N paired with line N."""
-    files = [storage.join(folder, f"{split}.{lang}") for lang in (source_lang, target_lang)]
+    """Reads `{folder}/{split}.{source_lang}` and `.{target_lang}`, line N paired with line N.
+
+    A sliced split (`train[:50%]`) keeps those lines of the files, before pairs with an empty
+    side are dropped: the first half of the file's lines, whatever they hold.
+    """
+    name = split_name(split)
+    files = [storage.join(folder, f"{name}.{lang}") for lang in (source_lang, target_lang)]
     for p in files:
         if not storage.isfile(p):
             have = storage.listdir(folder) if storage.isdir(folder) else None
@@ -183,6 +231,9 @@ def read_folder_split(folder: str, split: str, source_lang: str, target_lang: st
             f"translate line N of the other (first line past the shorter file: "
             f"{min(len(src), len(tgt)) + 1}). Re-align the files."
         )
+    if name != split:
+        lo, hi = slice_bounds(split, len(src))
+        src, tgt = src[lo:hi], tgt[lo:hi]
     keep = [i for i in range(len(src)) if src[i] and tgt[i]]
     if len(keep) < len(src):
         log.warning(
@@ -311,7 +362,7 @@ def open_tfds_split(cfg: ml_collections.ConfigDict, split: str) -> TfdsPairs:
     import tensorflow_datasets as tfds
 
     builder = tfds.builder_from_directory(prepare_tfds(cfg))
-    if split not in builder.info.splits:
+    if split_name(split) not in builder.info.splits:  # tfds reads the slice itself
         raise DataError(
             f"{builder.data_dir}: no split {split!r} (have {sorted(builder.info.splits)});"
             f" set data.train_split/eval_split/test_split to one of them."

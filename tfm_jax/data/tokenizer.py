@@ -13,7 +13,7 @@ import numpy as np
 import sentencepiece as spm
 
 from tfm_jax.config import paths
-from tfm_jax.data.sources import DataError, open_split
+from tfm_jax.data.sources import DataError, open_split, split_name
 from tfm_jax.platform import storage
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -118,7 +118,7 @@ def _source_fingerprint(cfg: ml_collections.ConfigDict) -> dict:
     if cfg.source == "folder":
         files = []
         for lang in key["langs"]:
-            p = paths.resolve(storage.join(cfg.dir, f"{cfg.train_split}.{lang}"))
+            p = paths.resolve(storage.join(cfg.dir, f"{split_name(cfg.train_split)}.{lang}"))
             files.append([p, *storage.file_state(p)])
         key["files"] = files
     else:

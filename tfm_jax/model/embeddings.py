@@ -64,6 +64,7 @@ class PositionalEncoding(nn.Module):
     d_model: int
     max_len: int
     kind: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
+    init_std: float = 0.02  # "learned": the table's initial std
     dtype: jnp.dtype = jnp.float32
     param_dtype: jnp.dtype = jnp.float32
 
@@ -78,7 +79,7 @@ class PositionalEncoding(nn.Module):
             table = jnp.asarray(sinusoidal_table(self.max_len, self.d_model))
         else:  # "learned" (model.positional is checked by tfm_jax/config/validate.py)
             init = nn.with_logical_partitioning(
-                nn.initializers.normal(stddev=0.02), (None, "embed")
+                nn.initializers.normal(stddev=self.init_std), (None, "embed")
             )
             table = self.param(
                 "pos_embedding", init, (self.max_len, self.d_model), self.param_dtype

@@ -254,6 +254,9 @@ class Transformer(nn.Module):
     dropout: float = 0.1  # §5.4 P_drop: sub-layer outputs and embedding+position sums
     attention_dropout: float = 0.0  # not in the paper (tensor2tensor's switch); 0 = off
     positional: str = "sinusoidal"  # §3.5; "learned" is Table 3 row (E)
+    # The learned table's initial std (not in the paper; 0.02 as BERT's): embeddings times
+    # sqrt(d_model) start at std 1, so 0.02 starts the positions ~50x smaller than the tokens.
+    learned_pos_init_std: float = 0.02
     norm: str = "post"  # §3.1 post-LN; "pre" is the later Pre-LN variant
     max_len: int = 256  # size of the position table: longest source/target sequence
     dtype: str = "float32"  # compute dtype; "bfloat16" keeps float32 master weights
@@ -276,8 +279,9 @@ class Transformer(nn.Module):
         self.embed = SharedEmbedding(
             self.vocab_size, self.d_model, dtype=dtype, product=self.product
         )
-        self.src_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
-        self.tgt_pos = PositionalEncoding(self.d_model, self.max_len, self.positional, dtype)
+        pos_kw = dict(kind=self.positional, init_std=self.learned_pos_init_std, dtype=dtype)
+        self.src_pos = PositionalEncoding(self.d_model, self.max_len, **pos_kw)
+        self.tgt_pos = PositionalEncoding(self.d_model, self.max_len, **pos_kw)
         if self.scan_layers:
             self.encoder_stack = _scan(_ScannedEncoderLayer, self.num_layers, 2)(
                 **layer_kw, name="encoder"
