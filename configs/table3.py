@@ -63,14 +63,33 @@ ROWS: dict[str, PaperRow] = {
 }
 
 
+# Rows that are not in the paper: the probes of the pre-registered explanation experiments
+# (experiments/table3/explain.py), at the paper's scale like the rows above (the small preset
+# scales them alike). No paper numbers.
+PROBES: dict[str, PaperRow] = {
+    # heads at base's per-head width d_k = d_v = 64 (A1's and A16's head counts)
+    "H1K64": PaperRow({"model.num_heads": 1}, None, None, None),
+    "H16K64": PaperRow({"model.num_heads": 16}, None, None, None),
+    # per-head width at base's 8 heads (A4's and A16's d_k = d_v)
+    "H8K128": PaperRow({"model.d_k": 128, "model.d_v": 128}, None, None, None),
+    "H8K32": PaperRow({"model.d_k": 32, "model.d_v": 32}, None, None, None),
+    # row E with its learned table started at the token embeddings' scale (std 1, not 0.02)
+    "E-std1": PaperRow(
+        {"model.positional": "learned", "model.learned_pos_init_std": 1.0}, None, None, None
+    ),
+}
+ALL_ROWS: dict[str, PaperRow] = {**ROWS, **PROBES}
+
+
 def row_config(row: str):
-    """The base config (default_config()) with one Table 3 row's overrides applied."""
-    if row not in ROWS:
-        close = difflib.get_close_matches(row, list(ROWS), n=1)
+    """The base config (default_config()) with one row's overrides applied (Table 3's or a
+    probe's)."""
+    if row not in ALL_ROWS:
+        close = difflib.get_close_matches(row, list(ALL_ROWS), n=1)
         hint = f' Did you mean "{close[0]}"?' if close else ""
-        raise ConfigError(f'unknown Table 3 row "{row}"; rows: {", ".join(ROWS)}.{hint}')
+        raise ConfigError(f'unknown Table 3 row "{row}"; rows: {", ".join(ALL_ROWS)}.{hint}')
     cfg = default_config()
-    apply_overrides(cfg, ROWS[row].overrides)
+    apply_overrides(cfg, ALL_ROWS[row].overrides)
     return cfg
 
 

@@ -126,7 +126,8 @@ def reading(
     if row_rise > overfit and row_rise > ref_rise + overfit:
         return (
             f"over-fitting: the row's dev PPL rose {row_rise:.0f}% after its best (the "
-            f"reference's {ref_rise:.0f}%): on 29k pairs it memorizes within the budget"
+            f"reference's {ref_rise:.0f}%): it over-fits within the budget (that the 29k pairs "
+            "are why is an untested hypothesis unless the data experiment below tests it)"
         )
     if ref_rise > overfit and ref_rise > row_rise + overfit:
         return (
@@ -140,7 +141,7 @@ def reading(
             tail = (f"; it was still learning at the end of its own budget (late gain "
                     f"{row_late:.3f} nats, the reference's {ref_late:.3f})")  # fmt: skip
         else:
-            tail = "; it had stopped learning, so the gap is the scaled row's, not the budget's"
+            tail = "; it had stopped learning (late gain within the margin of the reference's)"
         return (
             f"what the longer budget bought: at the reference's last step "
             f"({beyond['ref_end']}) the row's dev PPL was {beyond['at_ref_end']:.2f}; its later "
@@ -150,7 +151,8 @@ def reading(
         )
     if trend_ and trend_["way"] == "toward" and row_late > ref_late + LATE_GAIN_MARGIN:
         return (
-            "budget-limited: the gap was still closing toward the paper's when the budget ended "
+            "budget-limited (as measured; more steps test it below): the gap was still closing "
+            "toward the paper's when the budget ended "
             f"({trend_['mid']:+.1f}% at step {trend_['mid_step']} -> {trend_['end']:+.1f}% at "
             f"{trend_['end_step']}) and the row was still learning (late gain {row_late:.3f} "
             f"nats, the reference's {ref_late:.3f})"
@@ -159,13 +161,13 @@ def reading(
         still = ""
         if row_late > ref_late + LATE_GAIN_MARGIN:
             still = (
-                f", and the row was still learning faster (late gain {row_late:.3f} nats, the "
-                f"reference's {ref_late:.3f}): the gap would likely grow"
+                f"; the row was still learning faster (late gain {row_late:.3f} nats, the "
+                f"reference's {ref_late:.3f})"
             )
         return (
             f"a growing difference: the gap moved away from the paper's over training "
             f"({trend_['mid']:+.1f}% at step {trend_['mid_step']} -> {trend_['end']:+.1f}% at "
-            f"{trend_['end_step']}), so a longer budget would not reproduce it{still}"
+            f"{trend_['end_step']}){still}; what a longer budget would do is untested here"
         )
     if judgement.verdict == stats.INCONCLUSIVE and judgement.mean is not None:
         if abs(judgement.mean) <= stats.MIN_EFFECT[judgement.metric]:
@@ -176,8 +178,8 @@ def reading(
         return "seed noise: the seeds' spread is too wide to call the difference"
     return (
         "a stable difference at this scale: the gap held over the second half of training "
-        "and neither row over-fits, so it belongs to the scaled models on Multi30k, not to "
-        "the budget"
+        "and neither row over-fits; its cause is an untested hypothesis unless an "
+        "explanation experiment below tests it"
     )
 
 
@@ -230,7 +232,9 @@ def evidence_lines(judged: list[dict], summaries: dict[str, dict]) -> list[str]:
         "per-seed PPL differences; the gap (the row's dev PPL over the reference's, mean over "
         "seeds) at each evaluation both rows share, so one sees whether it was closing toward "
         "the paper's direction when the budget ended; and both rows' late gain (nats of dev NLL "
-        "won in the last 20% of the budget) and end vs best PPL (over-fitting). The reading is "
+        "won in the last 20% of the budget) and end vs best PPL (over-fitting). The reading "
+        "states what the curves show, and names a cause only as an untested hypothesis (the "
+        "explanation experiments below test them). It is "
         f"chosen by fixed thresholds: a gap change under {stats.MIN_EFFECT['ppl']:g}% is "
         f"stable; a late gain {LATE_GAIN_MARGIN:g} nats above the reference's is still "
         f"learning; an end-of-budget PPL over {stats.MIN_EFFECT['ppl']:g}% above the best is "

@@ -24,6 +24,8 @@ from tfm_jax.platform import storage
 # The rows (and the paper's numbers) live in the config file the runs are started with.
 TABLE3_CONFIG = load_config_module(os.path.join(REPO, "configs", "table3.py"))
 TABLE3 = TABLE3_CONFIG.ROWS
+# Table 3's rows and the explanation experiments' probe rows (configs/table3.py:PROBES).
+ALL_ROWS = TABLE3_CONFIG.ALL_ROWS
 # The small preset's data and settings: the CPU config's (Multi30k, its vocabulary and lengths,
 # packing, bf16 compute, which is 1.26x faster a step on the 2-core CPU at the same dev curve:
 # experiments/results/table3_small_budget.md).
@@ -48,6 +50,7 @@ SMALL_CHANGES = {
     "optim.warmup_steps": 100,
     "optim.lr_factor": 0.5,
     "train.eval_every_steps": 100_000,  # run_overrides: 10 a run, or --eval_every
+    # run_overrides: a checkpoint at every evaluation, all kept (the best one is evaluated)
     "train.checkpoint_every_steps": 200,
     "train.keep_checkpoints": 2,
 }
@@ -153,10 +156,18 @@ def run_overrides(
     data_dir: str | None = None,
     steps: int | None = None,
     eval_every: int | None = None,
+    variant: str | None = None,
 ) -> dict:
-    """Everything one (row, seed) run is started with beyond its row: preset, budget, seed and
-    the vocabulary every row and seed share."""
+    """Everything one (row, seed) run is started with beyond its row: preset, budget, seed, the
+    vocabulary every row and seed share, and a variant's changes (explain.VARIANTS)."""
+    from experiments.table3.explain import VARIANTS
+
+    v = VARIANTS[variant] if variant else None
+    if v is not None:
+        steps, eval_every = v.steps or steps, v.eval_every or eval_every
     o = preset_overrides(preset, row, data_dir, steps)
+    if v is not None:
+        o.update(v.overrides)
     # One vocabulary for every row and seed (the first run trains it): the same tokens, so the
     # same batches for a given seed.
     o["data.vocab_path"] = storage.join(root, "vocab", f"spm_{_vocab_size(o)}.model")
@@ -165,6 +176,10 @@ def run_overrides(
         o["train.eval_every_steps"] = int(eval_every)
     elif preset in ("small", "gpu"):  # ten points of each row's dev curve: did it plateau?
         o["train.eval_every_steps"] = max(1, o["train.num_steps"] // 10)
+    if preset in ("small", "gpu"):  # every evaluation a checkpoint, all kept until evaluated
+        every = o["train.eval_every_steps"]
+        o["train.checkpoint_every_steps"] = every
+        o["train.keep_checkpoints"] = o["train.num_steps"] // every + 2
     return o
 
 

@@ -11,6 +11,7 @@ import os
 
 from experiments.table3 import stats
 from experiments.table3.evidence import evidence_lines, head_width_lines
+from experiments.table3.explain import explanation_lines
 from experiments.table3.presets import TABLE3
 
 SCALING = {
@@ -63,18 +64,19 @@ def protocol_lines(seeds: list[int], steps: int, big: int) -> list[str]:
         f"big {big:,} (3x, as in the paper).",
         "- Primary metric: dev perplexity at the best checkpoint, the lowest of the run's "
         "dev evaluations (every budget/10 steps, the end included; the end-of-budget value is "
-        "in the seeds CSV). Secondary: dev BLEU (beam 4, alpha 0.6) of the latest checkpoint. "
-        "No checkpoint averaging.",
+        "in the seeds CSV). Secondary: dev BLEU (beam 4, alpha 0.6) at that same best "
+        "checkpoint (runs from before the explanation sweep whose best was not their latest "
+        "have the latest's BLEU, marked †). No checkpoint averaging.",
         "- A difference is paired per seed: PPL as 100 (PPL_row / PPL_ref - 1) %, BLEU in "
-        "points. With n seeds, mean m and standard error se = sd / sqrt(n), it is real when "
-        f"n >= 2, |m| > {stats.SE_MULTIPLE:g} se and |m| > the minimum effect "
-        f"({stats.MIN_EFFECT['ppl']:g}% PPL, {stats.MIN_EFFECT['bleu']:g} BLEU).",
+        "points. With n seeds and mean m it is real when n >= 2, |m| > t se and |m| > the "
+        f"minimum effect ({stats.MIN_EFFECT['ppl']:g}% PPL, {stats.MIN_EFFECT['bleu']:g} BLEU), "
+        "where se = s / sqrt(n) with s the paired differences' sd pooled over every comparison "
+        "(each about its own mean) and t Student's 97.5% point on the pooled degrees of freedom "
+        "(revised after the first sweep: its own-sd rule at n = 2 was t = 2 on 1 df, p ~ 0.3).",
         "- Verdicts. Strict (the paper finds the row better or worse): real in the paper's "
         "direction -> reproduced; real the other way -> reversed; else inconclusive (within "
-        f"noise). Tie: |m| + {stats.SE_MULTIPLE:g} se <= the minimum effect -> tie as in the "
-        "paper; real -> not a tie (real difference); else inconclusive. One seed is always "
-        "inconclusive (no noise estimate). At n = 2 the 2 se rule is a screen, not a "
-        "significance test.",
+        "noise). Tie: |m| + t se <= the minimum effect -> tie as in the paper; real -> not a "
+        "tie (real difference); else inconclusive. One seed is always inconclusive.",
         f"- The paper's gaps were classed as: tie when |gap| <= {stats.PAPER_TIE['ppl']:g}% "
         f"PPL / {stats.PAPER_TIE['bleu']:g} BLEU, strict when >= "
         f"{stats.PAPER_STRICT['ppl']:g}% / {stats.PAPER_STRICT['bleu']:g}, not judged between.",
@@ -95,14 +97,50 @@ def protocol_lines(seeds: list[int], steps: int, big: int) -> list[str]:
     return lines
 
 
+def noise_lines(results: list[dict]) -> list[str]:
+    """The pooled noise behind every verdict, and what it lets the tie rule see."""
+    noise = stats.protocol_noise(results)
+    lines = ["## Noise (pooled over the comparisons)", ""]
+    for metric, unit in (("ppl", "%"), ("bleu", " BLEU")):
+        n = noise[metric]
+        if n is None:
+            lines.append(f"- {metric.upper()}: no comparison has two seeds yet.")
+            continue
+        floor = stats.MIN_EFFECT[metric]
+        powers = ", ".join(f"n = {k}: {100 * stats.tie_power(n, k, floor):.0f}%" for k in (2, 3, 4))
+        lines.append(
+            f"- {'PPL' if metric == 'ppl' else 'BLEU'}: pooled sd {n.sd:.2f}{unit} on {n.df} df "
+            f"({n.comparisons} comparisons), t = {n.multiple():.2f}; a difference is real past "
+            f"{max(n.multiple() * n.se(2), floor):.2f}{unit} at n = 2 and "
+            f"{max(n.multiple() * n.se(3), floor):.2f}{unit} at n = 3. The tie rule's power (a "
+            f"true tie called a tie): {powers}; under the first protocol's own-sd rule it was "
+            f"{100 * stats.own_sd_tie_power(2, floor, n.sd):.0f}% at n = 2. "
+            + _half_power(n, floor)
+        )
+    return [*lines, ""]
+
+
+def _half_power(noise: stats.Noise, floor: float) -> str:
+    for k in range(2, 21):
+        if stats.tie_power(noise, k, floor) >= 0.5:
+            return f"It first reaches 50% at n = {k} seeds."
+    return "It stays under 50% up to 20 seeds."
+
+
 def at_best_checkpoint(result: dict) -> dict:
     """The primary metric, dev PPL at the best checkpoint: the lowest of the run's dev
     evaluations during training (every budget/10 steps, the end included; the same split and
-    code as `evaluate`). "ppl_latest" keeps the end-of-budget value; BLEU stays the latest's."""
+    code as `evaluate`). "ppl_latest" keeps the end-of-budget value. BLEU is the best
+    checkpoint's where the run evaluated it (runner.py since the explanation sweep) or where the
+    best is the latest; else the latest's ("bleu_at": "latest")."""
     if "ppl_latest" in result or not result.get("dev_curve"):
         return result
     step, nll = min(result["dev_curve"], key=lambda point: point[1])
-    return dict(result, ppl=math.exp(nll), ppl_latest=result["ppl"], best_step=int(step))
+    last = max(int(s) for s, _ in result["dev_curve"])
+    bleu_at = result.get("bleu_at") or ("best" if int(step) == last else "latest")
+    return dict(
+        result, ppl=math.exp(nll), ppl_latest=result["ppl"], best_step=int(step), bleu_at=bleu_at
+    )
 
 
 def row_summaries(results: list[dict], rows: list[str]) -> list[dict]:
@@ -145,7 +183,8 @@ def write_table(
     """Markdown + CSVs with the paper's numbers beside ours, the verdicts, and a chart.
     `steps` and `big_steps`: the budget of base (and every row) and of big."""
     os.makedirs(out_dir, exist_ok=True)
-    results = [at_best_checkpoint(r) for r in results]
+    everything = [at_best_checkpoint(r) for r in results]
+    results = [r for r in everything if not r.get("variant")]  # the sweep's own protocol
     stem = os.path.join(out_dir, f"table3_{preset}")
     rows = row_summaries(results, list(TABLE3))
     header = ["row", *COLUMNS, "seeds", "PPL (dev)", "PPL sd", "BLEU (dev)", "BLEU sd",
@@ -209,21 +248,33 @@ def write_table(
         "",
         f"Dev BLEU (secondary): {stats.summary_line(judged, 'bleu')}.",
         "",
-        "| # | comparison | expected PPL | ours: PPL diff (mean ± sd, n) | verdict (PPL) | "
-        "expected BLEU | ours: BLEU diff | verdict (BLEU) |",
-        "|---|---|---|---|---|---|---|---|",
+        "Ours: mean ± this comparison's own sd over its n seeds; real past the threshold "
+        "(the pooled t se, at least the minimum effect). †: a run's BLEU is its latest "
+        "checkpoint's, not its best's.",
+        "",
+        "| # | comparison | expected PPL | ours: PPL diff (mean ± sd, n) | real past | verdict "
+        "(PPL) | expected BLEU | ours: BLEU diff | real past | verdict (BLEU) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    latest_bleu = {(r["row"], r.get("seed", 0)) for r in results if r.get("bleu_at") == "latest"}
     for i, (c, j) in enumerate(zip(stats.PROTOCOL, judged, strict=True), 1):
         cells = [str(i), c.name]
         for metric in stats.METRICS:
             jm = j[metric]
             n = f", n={len(jm.seeds)}" if jm.seeds else ""
+            dagger = any((r, s) in latest_bleu for r in (c.row, c.ref) for s in jm.seeds)
+            mark = " †" if metric == "bleu" and dagger else ""
             expected = c.expect[metric] or "not judged"
             cells += [f"{expected} ({_fmt_gap(metric, paper_gap(c, metric))})",
-                      _fmt_gap(metric, jm.mean, jm.sd) + n, jm.verdict]  # fmt: skip
+                      _fmt_gap(metric, jm.mean, jm.sd) + n + mark,
+                      _fmt_gap(metric, jm.threshold).lstrip("+"), jm.verdict]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     by_row = {s["row"]: s for s in rows}
-    lines += ["", *evidence_lines(judged, by_row)]
+    disagree = [c.row for c, j in zip(stats.PROTOCOL, judged, strict=True)
+                if j[stats.PRIMARY].verdict not in stats.AGREES]  # fmt: skip
+    noise = stats.protocol_noise(results)[stats.PRIMARY]
+    lines += ["", *noise_lines(results), *evidence_lines(judged, by_row)]
+    lines += explanation_lines(everything, noise, disagree)
     lines += [
         "## Rows",
         "",

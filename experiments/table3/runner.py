@@ -1,10 +1,16 @@
-"""One (row, seed) run of the Table 3 sweep: in its own workdir <root>/<ROW>/seed<K>/, `python
--m tfm_jax train`, then `evaluate --split=validation --checkpoint=latest` (dev perplexity and dev
-BLEU with beam search and no checkpoint averaging, as the paper does for Table 3) and `params`.
+"""One (row, seed) run of the Table 3 sweep: in its own workdir <root>/<ROW>/seed<K>/ (a
+variant's: <root>/variants/<NAME>/<ROW>/seed<K>/), `python -m tfm_jax train`, then `evaluate
+--split=validation` (dev perplexity and dev BLEU with beam search and no checkpoint averaging, as
+the paper does for Table 3) at the best checkpoint and at the latest, and `params`.
 
-A (row, seed) whose result.json exists is not rerun (the result is the cache); an interrupted
-one resumes from its newest checkpoint. A workdir continues only the experiment it was started
-for: its harness.json records the overrides, and other settings are refused.
+The best checkpoint: every dev evaluation step is also a checkpoint step, all are kept while the
+run trains, and once it is evaluated only the best (lowest dev NLL) and the latest stay.
+
+A (row, seed) whose result.json exists is not rerun (the result is the cache). The results are
+also mirrored into a folder meant to be committed (`mirror`: experiments/results/<root's
+name>_runs/ by default): on a new machine a sweep reads a finished run from there and skips it.
+An interrupted run resumes from its newest checkpoint. A workdir continues only the experiment
+it was started for: its harness.json records the overrides, and other settings are refused.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import json
 import os
 import time
 
+from experiments import REPO
 from experiments.table3 import stats
 from experiments.table3.commands import local_log, run_cmd, save_log
 from experiments.table3.presets import cli_args, run_overrides
+from tfm_jax.checkpoint import layout
 from tfm_jax.platform import storage
 from tfm_jax.viz.curves import read_metrics
 
@@ -30,8 +38,23 @@ CADENCE_KEYS = (
 )
 
 
-def workdir_of(root: str, row: str, seed: int) -> str:
+def workdir_of(root: str, row: str, seed: int, variant: str | None = None) -> str:
+    if variant:
+        return storage.join(root, "variants", variant, row, f"seed{seed}")
     return storage.join(root, row, f"seed{seed}")
+
+
+def _where(path: str) -> str:
+    """A local path as the same file on another machine would be named: the vocabulary under
+    the sweep's root by its place there, data beside the checkout (../shared) by its place
+    beside it; anything else by its real path."""
+    real = os.path.realpath(path)
+    if os.sep + "vocab" + os.sep in real:  # <root>/vocab/spm_N.model: the root's own
+        return "<root>" + real[real.rindex(os.sep + "vocab" + os.sep) :]
+    beside = os.path.dirname(os.path.realpath(REPO))
+    if real.startswith(beside + os.sep):
+        return "<beside checkout>" + real[len(beside) :]
+    return real
 
 
 def _substance(overrides: dict) -> dict:
@@ -39,7 +62,7 @@ def _substance(overrides: dict) -> dict:
     out = {k: v for k, v in overrides.items() if k not in CADENCE_KEYS}
     for key in ("data.dir", "data.vocab_path"):
         if out.get(key) and not storage.is_remote(out[key]):
-            out[key] = os.path.realpath(out[key])
+            out[key] = _where(out[key])
     return out
 
 
@@ -55,27 +78,55 @@ def _check_same_run(workdir: str, recorded: dict, overrides: dict) -> None:
         )
 
 
-def _read_result(workdir: str, overrides: dict) -> dict | None:
-    """A workdir's result.json, checked to be this experiment's; None when it is not finished."""
-    result_path = storage.join(workdir, "result.json")
-    if not storage.exists(result_path):
+def mirror_of(root: str, out: str) -> str:
+    """The committed copy of a root's results: <out>/<root's name>_runs."""
+    return os.path.join(out, os.path.basename(os.path.normpath(root)) + "_runs")
+
+
+def _read_result(workdir: str, overrides: dict, mirror_dir: str | None = None) -> dict | None:
+    """A finished run's result.json (from the workdir, else from its mirror), checked to be
+    this experiment's; None when it is not finished."""
+    for where in (workdir, mirror_dir):
+        if where is None:
+            continue
+        result_path = storage.join(where, "result.json")
+        if storage.exists(result_path):
+            result = json.loads(storage.read_text(result_path))
+            _check_same_run(where, result["overrides"], overrides)
+            return result
+    return None
+
+
+def _mirror_path(mirror: str | None, root: str, workdir: str) -> str | None:
+    if not mirror:
         return None
-    result = json.loads(storage.read_text(result_path))
-    _check_same_run(workdir, result["overrides"], overrides)
-    return result
+    return os.path.join(mirror, os.path.relpath(workdir, root))
 
 
-def finished_result(preset: str, row: str, seed: int, root: str, **kw) -> dict | None:
+def finished_result(
+    preset: str, row: str, seed: int, root: str, variant=None, mirror=None, **kw
+) -> dict | None:
     """A finished (row, seed) run's result, or None (--report_only: nothing is trained)."""
-    overrides = run_overrides(preset, row, seed, root, **kw)
-    return _read_result(workdir_of(root, row, seed), overrides)
+    overrides = run_overrides(preset, row, seed, root, variant=variant, **kw)
+    workdir = workdir_of(root, row, seed, variant)
+    return _read_result(workdir, overrides, _mirror_path(mirror, root, workdir))
 
 
-def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None, **kw) -> dict:
-    """Trains and evaluates one (row, seed), unless its result.json exists (then reads it)."""
-    workdir = workdir_of(root, row, seed)
-    overrides = run_overrides(preset, row, seed, root, **kw)
-    done = _read_result(workdir, overrides)
+def run_one(
+    preset: str,
+    row: str,
+    seed: int,
+    root: str,
+    env: dict | None = None,
+    variant: str | None = None,
+    mirror: str | None = None,
+    **kw,
+) -> dict:
+    """Trains and evaluates one (row, seed), unless it is finished (then reads its result)."""
+    workdir = workdir_of(root, row, seed, variant)
+    mirror_dir = _mirror_path(mirror, root, workdir)
+    overrides = run_overrides(preset, row, seed, root, variant=variant, **kw)
+    done = _read_result(workdir, overrides, mirror_dir)
     if done is not None:
         return done
     result_path = storage.join(workdir, "result.json")
@@ -89,9 +140,15 @@ def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None
     train_args = ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"]
     run_cmd(train_args + cli_args(overrides), log_path, env)
     train_s = time.time() - t0
-    eval_args = ["evaluate", f"--workdir={workdir}", "--split=validation", "--checkpoint=latest"]
     save_log(log_path, workdir)
-    scores = json.loads(run_cmd(eval_args, log_path, env))
+    curve = stats.dev_curve(read_metrics(workdir))
+    best_step = int(min(curve, key=lambda point: point[1])[0]) if curve else None
+    latest = layout.latest_step_on_disk(workdir)
+    scores = _evaluate(workdir, "latest", log_path, env)
+    at_best = scores
+    if best_step is not None and best_step != latest:
+        at_best = _evaluate(workdir, str(best_step), log_path, env)
+    _keep_only(workdir, {best_step, latest})
     eval_s = time.time() - t0 - train_s
     params = json.loads(
         run_cmd(
@@ -100,14 +157,20 @@ def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None
             env,
         )
     )["rows"]
-    curve = stats.dev_curve(read_metrics(workdir))
     result = {
         "row": row,
         "seed": int(seed),
+        "variant": variant,
         "overrides": overrides,
-        "ppl": scores["ppl"],
-        "bleu": scores["bleu"],
-        "bleu_tok_compound": scores.get("bleu_tok_compound"),
+        "ppl": scores[
+            "ppl"
+        ],  # the latest checkpoint's (the report takes the best's from the curve)
+        "bleu": at_best["bleu"],  # at the best checkpoint, as PPL
+        "bleu_at": "best",
+        "best_step": best_step,
+        "bleu_latest": scores["bleu"],
+        "ppl_best_evaluated": at_best["ppl"],
+        "bleu_tok_compound": at_best.get("bleu_tok_compound"),
         "params": next(iter(params.values()))["params"],
         "dev_curve": curve,  # (step, dev NLL) of the evaluations during training
         "plateau_step": stats.plateau_step(curve),
@@ -117,8 +180,24 @@ def run_one(preset: str, row: str, seed: int, root: str, env: dict | None = None
     }
     save_log(log_path, workdir)
     # written whole (storage.write_text): a run counts as done only when its result is complete
-    storage.write_text(result_path, json.dumps(result, indent=2))
+    text = json.dumps(result, indent=2)
+    storage.write_text(result_path, text)
+    if mirror_dir:
+        storage.makedirs(mirror_dir)
+        storage.write_text(storage.join(mirror_dir, "result.json"), text)
     return result
+
+
+def _evaluate(workdir: str, checkpoint: str, log_path: str, env: dict | None) -> dict:
+    args = ["evaluate", f"--workdir={workdir}", "--split=validation", f"--checkpoint={checkpoint}"]
+    return json.loads(run_cmd(args, log_path, env))
+
+
+def _keep_only(workdir: str, steps: set) -> None:
+    """Deletes the run's checkpoints other than `steps` (the best and the latest)."""
+    for step in layout.existing_steps(workdir):
+        if step not in steps:
+            storage.rmtree(storage.join(str(layout.checkpoints_dir(workdir)), str(step)))
 
 
 def legacy_results(root: str, rows: list[str]) -> list[str]:

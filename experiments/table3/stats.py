@@ -11,12 +11,21 @@ sweep runs (and written into the report's header):
   every expectation from configs/table3.py's numbers, so data and rule cannot drift apart);
 - the primary metric (dev perplexity; dev BLEU secondary), the units of a difference, and the
   verdict rule (SE_MULTIPLE, MIN_EFFECT).
+
+Revised after the first sweep (issue 34, before any run it judges): a comparison's standard
+error comes from the paired differences of every comparison pooled (`pooled_noise`: one
+variance, df = sum of n - 1), not from its own n = 2 (which gives t on 1 degree of freedom),
+and the multiple is Student's t at 97.5% on those df. The tie rule's power, the chance that a
+true tie is called a tie, is stated beside it (`tie_power`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+import numpy as np
+from scipy import stats as scipy_stats
 
 PRIMARY, SECONDARY = "ppl", "bleu"
 METRICS = (PRIMARY, SECONDARY)
@@ -142,17 +151,68 @@ class Judgement:
     expect: str | None
     seeds: tuple[int, ...]
     mean: float | None
-    sd: float | None
-    se: float | None
+    sd: float | None  # this comparison's own spread over its seeds
+    se: float | None  # the standard error the verdict used (pooled when `noise` was given)
     real: bool
     verdict: str
+    threshold: float | None = None  # |m| above this (and MIN_EFFECT) is real
 
 
-def judge(metric: str, expect: str | None, diffs: list[float], seeds=()) -> Judgement:
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """The paired differences' spread pooled over comparisons: sd on df degrees of freedom."""
+
+    sd: float
+    df: int
+    comparisons: int
+
+    def multiple(self) -> float:
+        """Student's t at 97.5% on df: a two-sided 95% band."""
+        return float(scipy_stats.t.ppf(0.975, self.df))
+
+    def se(self, n: int) -> float:
+        return self.sd / math.sqrt(n)
+
+
+def pooled_noise(groups: list[list[float]]) -> Noise | None:
+    """One variance from every group of paired differences with n >= 2 (each about its own
+    mean): sum of squared deviations over sum of (n - 1). None when no group has two."""
+    groups = [g for g in groups if len(g) >= 2]
+    df = sum(len(g) - 1 for g in groups)
+    if not df:
+        return None
+    ss = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups)
+    return Noise(math.sqrt(ss / df), df, len(groups))
+
+
+def tie_power(noise: Noise, n: int, floor: float) -> float:
+    """The chance that a comparison with no true difference is called a tie at n seeds:
+    P(|m| + t se <= floor) with m ~ Normal(0, se), se = noise.sd / sqrt(n) taken as known."""
+    room = floor - noise.multiple() * noise.se(n)
+    if room <= 0:
+        return 0.0
+    if noise.sd == 0:  # no noise: every true tie is called one
+        return 1.0
+    return float(2.0 * scipy_stats.norm.cdf(room / noise.se(n)) - 1.0)
+
+
+def own_sd_tie_power(n: int, floor: float, sd: float, draws: int = 200_000) -> float:
+    """The first protocol's tie power (its own sd at n seeds, 2 se), by simulation with a
+    fixed seed: the chance a true tie (differences ~ Normal(0, sd)) is called a tie."""
+    d = np.random.default_rng(0).normal(0.0, sd, size=(draws, n))
+    m, s = d.mean(axis=1), d.std(axis=1, ddof=1)
+    return float(np.mean(np.abs(m) + SE_MULTIPLE * s / math.sqrt(n) <= floor))
+
+
+def judge(
+    metric: str, expect: str | None, diffs: list[float], seeds=(), noise: Noise | None = None
+) -> Judgement:
     """The verdict rule on the paired differences `diffs` (units of difference()).
 
-    n = len(diffs), m their mean, se = sd / sqrt(n). The difference is real when n >= 2,
-    |m| > SE_MULTIPLE * se and |m| > MIN_EFFECT[metric].
+    n = len(diffs), m their mean. With `noise` (pooled_noise over the comparisons): se =
+    noise.sd / sqrt(n) and the multiple is Student's t on noise.df; without it, the first
+    protocol's se = sd / sqrt(n) of this comparison alone and SE_MULTIPLE. The difference is
+    real when n >= 2, |m| > multiple * se and |m| > MIN_EFFECT[metric].
       strict ("better"/"worse"): real in the paper's direction -> reproduced; real the other
           way -> reversed; not real -> inconclusive (within noise).
       tie: |m| + SE_MULTIPLE * se <= MIN_EFFECT -> tie as in the paper (the whole noise band
@@ -163,9 +223,14 @@ def judge(metric: str, expect: str | None, diffs: list[float], seeds=()) -> Judg
     if not diffs:
         return Judgement(metric, expect, seeds, None, None, None, False, NOT_RUN)
     m, sd = mean_sd(diffs)
-    se = None if sd is None else sd / math.sqrt(len(diffs))
+    multiple = SE_MULTIPLE if noise is None else noise.multiple()
+    if sd is None:  # one seed: no verdict, whatever the pooled noise says
+        se = None
+    else:
+        se = noise.se(len(diffs)) if noise is not None else sd / math.sqrt(len(diffs))
     floor = MIN_EFFECT[metric]
-    real = se is not None and abs(m) > SE_MULTIPLE * se and abs(m) > floor
+    threshold = None if se is None else max(multiple * se, floor)
+    real = se is not None and abs(m) > multiple * se and abs(m) > floor
     if expect is None:
         verdict = NOT_JUDGED
     elif se is None:
@@ -173,7 +238,7 @@ def judge(metric: str, expect: str | None, diffs: list[float], seeds=()) -> Judg
     elif expect == "tie":
         if real:
             verdict = NOT_A_TIE
-        elif abs(m) + SE_MULTIPLE * se <= floor:
+        elif abs(m) + multiple * se <= floor:
             verdict = TIED
         else:
             verdict = INCONCLUSIVE
@@ -181,7 +246,7 @@ def judge(metric: str, expect: str | None, diffs: list[float], seeds=()) -> Judg
         verdict = REPRODUCED if direction(metric, m) == expect else REVERSED
     else:
         verdict = INCONCLUSIVE
-    return Judgement(metric, expect, seeds, m, sd, se, real, verdict)
+    return Judgement(metric, expect, seeds, m, sd, se, real, verdict, threshold)
 
 
 def by_row_seed(results: list[dict], metric: str) -> dict[str, dict[int, float]]:
@@ -192,18 +257,33 @@ def by_row_seed(results: list[dict], metric: str) -> dict[str, dict[int, float]]
     return out
 
 
-def judge_protocol(results: list[dict], protocol=PROTOCOL) -> list[dict[str, Judgement]]:
-    """For each comparison of the protocol, {metric: Judgement} over the seeds both rows have."""
+def protocol_diffs(results: list[dict], protocol=PROTOCOL) -> list[dict[str, tuple]]:
+    """For each comparison, {metric: (seeds, paired differences)}."""
     tables = {metric: by_row_seed(results, metric) for metric in METRICS}
+    return [
+        {m: paired(m, tables[m].get(c.row, {}), tables[m].get(c.ref, {})) for m in METRICS}
+        for c in protocol
+    ]
+
+
+def protocol_noise(results: list[dict], protocol=PROTOCOL) -> dict[str, Noise | None]:
+    """Per metric, the paired differences' noise pooled over the protocol's comparisons."""
+    diffs = protocol_diffs(results, protocol)
+    return {m: pooled_noise([d[m][1] for d in diffs]) for m in METRICS}
+
+
+def judge_protocol(
+    results: list[dict], protocol=PROTOCOL, pooled: bool = True
+) -> list[dict[str, Judgement]]:
+    """For each comparison of the protocol, {metric: Judgement} over the seeds both rows have;
+    the standard error from the noise pooled over the comparisons (pooled=False: the first
+    protocol's, each comparison's own)."""
+    noise = protocol_noise(results, protocol) if pooled else {m: None for m in METRICS}
     out = []
-    for c in protocol:
-        judged = {}
-        for metric in METRICS:
-            seeds, diffs = paired(
-                metric, tables[metric].get(c.row, {}), tables[metric].get(c.ref, {})
-            )
-            judged[metric] = judge(metric, c.expect[metric], diffs, seeds)
-        out.append(judged)
+    for c, d in zip(protocol, protocol_diffs(results, protocol), strict=True):
+        out.append({
+            m: judge(m, c.expect[m], d[m][1], d[m][0], noise[m]) for m in METRICS
+        })  # fmt: skip
     return out
 
 

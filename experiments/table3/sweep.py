@@ -29,6 +29,16 @@ budget would have reached. To choose the budget from that curve:
 
 then sweep with --steps=<the printed step> and a root of its own.
 
+Explanations. `--explain=all` (or names: E,heads,seed3,budget,data) runs the pre-registered
+explanation experiments of experiments/table3/explain.py (probe rows, a third seed, variants of
+the protocol under <root>/variants/) and the report judges each by its registered rule.
+
+Across machines. Each finished run's result.json is also written to --mirror (default
+experiments/results/<root's name>_runs/, the folder to commit); a sweep on a new machine reads
+the finished runs from there and skips them (the vocabulary is retrained from the same data and
+settings: the same pieces). An unfinished run restarts from its last checkpoint if its workdir
+survived, else from scratch.
+
 Old layout: results of the single-seed harness (<root>/<ROW>/result.json, its own vocabulary
 per row) are not read; the script names any it finds and leaves them alone.
 
@@ -61,9 +71,10 @@ import threading
 import time
 
 from experiments import REPO
-from experiments.table3 import stats
+from experiments.table3 import explain, stats
 from experiments.table3.commands import parallel_env
 from experiments.table3.presets import (
+    ALL_ROWS,
     DEFAULT_PARALLEL,
     DEFAULT_SEEDS,
     PRESETS,
@@ -74,7 +85,13 @@ from experiments.table3.presets import (
     step_multiple,
 )
 from experiments.table3.report import write_table
-from experiments.table3.runner import finished_result, legacy_results, run_one, workdir_of
+from experiments.table3.runner import (
+    finished_result,
+    legacy_results,
+    mirror_of,
+    run_one,
+    workdir_of,
+)
 from tfm_jax.config import paths
 from tfm_jax.viz.curves import read_metrics
 
@@ -146,6 +163,18 @@ def parser() -> argparse.ArgumentParser:
         help=f"runs at once, sharing the machine (default {DEFAULT_PARALLEL}); on a GPU each "
         "gets an equal share of its memory",
     )
+    p.add_argument(
+        "--explain",
+        default=None,
+        help="run the pre-registered explanation experiments instead of --rows: 'all' or "
+        f"names ({', '.join(explain.BY_NAME)})",
+    )
+    p.add_argument(
+        "--mirror",
+        default=None,
+        help="where finished results are copied and read back (default: "
+        "experiments/results/<root's name>_runs for every preset but micro; 'none': off)",
+    )
     p.add_argument("--print_commands", action="store_true", help="print, don't run")
     p.add_argument(
         "--report_only",
@@ -171,78 +200,100 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    paths.resolve_args(args, ("root", "out", "data_dir", "find_budget"))
+    paths.resolve_args(args, ("root", "out", "data_dir", "find_budget", "mirror"))
     if args.find_budget:
         print(json.dumps(find_budget(args.find_budget, args.threshold)))
         return 0
     rows = list(TABLE3) if args.rows == "all" else args.rows.split(",")
-    unknown = [r for r in rows if r not in TABLE3]
+    unknown = [r for r in rows if r not in ALL_ROWS]
     if unknown:
-        raise SystemExit(f"unknown rows {unknown}; Table 3 rows: {', '.join(TABLE3)}")
+        raise SystemExit(f"unknown rows {unknown}; rows: {', '.join(ALL_ROWS)}")
     if "base" in rows:  # every comparison needs base: run it first
         rows = ["base"] + [r for r in rows if r != "base"]
     seeds = parse_seeds(args.seeds or DEFAULT_SEEDS[args.preset])
+    todo = [(None, row, seed) for row in rows for seed in seeds]  # row by row: base first
+    if args.explain:
+        names = list(explain.BY_NAME) if args.explain == "all" else args.explain.split(",")
+        bad = [n for n in names if n not in explain.BY_NAME]
+        if bad:
+            raise SystemExit(f"unknown --explain {bad}; experiments: {', '.join(explain.BY_NAME)}")
+        todo = explain.run_list(names)
     steps = args.steps or preset_overrides(args.preset, "base", None)["train.num_steps"]
     root = args.root or os.path.join(REPO, "runs", f"table3_{args.preset}")
+    if args.mirror is None and args.preset != "micro":
+        args.mirror = mirror_of(root, os.path.join(REPO, "experiments", "results"))
+    if args.mirror == "none":
+        args.mirror = None
     kw = dict(data_dir=args.data_dir, steps=steps, eval_every=args.eval_every)
     if args.print_commands:
-        for row in rows:
-            for seed in seeds:
-                o = run_overrides(args.preset, row, seed, root, **kw)
-                print(
-                    f"python -m tfm_jax train --config=configs/table3.py:{row} "
-                    f"--workdir={workdir_of(root, row, seed)} " + " ".join(cli_args(o))
-                )
+        for variant, row, seed in todo:
+            o = run_overrides(args.preset, row, seed, root, variant=variant, **kw)
+            print(
+                f"python -m tfm_jax train --config=configs/table3.py:{row} "
+                f"--workdir={workdir_of(root, row, seed, variant)} " + " ".join(cli_args(o))
+            )
         return 0
     for old in legacy_results(root, rows):
         print(f"not read (the old single-seed layout, its own vocabulary): {old}", flush=True)
     # the sweep's command: a --report_only report names the command that trains its runs
     argv_shown = [a for a in (argv or sys.argv[1:]) if a != "--report_only"]
     command = "python -m experiments.table3 " + " ".join(argv_shown)
-    tables = sweep(args, rows, seeds, root, kw, command)
+    # the report reads every run finished so far: the sweep's and the explanations'
+    report_runs = [(None, row, seed) for row in TABLE3 for seed in seeds]
+    report_runs += [k for k in explain.run_list(list(explain.BY_NAME)) if k not in report_runs]
+    tables = sweep(args, todo, report_runs, seeds, root, kw, command)
     print(json.dumps({"tables": tables}))
     return 0
 
 
-def sweep(args, rows: list[str], seeds: list[int], root: str, kw: dict, command: str) -> list[str]:
-    """Runs (or with --report_only reads) every (row, seed), row by row, --parallel at once
-    after the first; each finished run rewrites the report. Returns the report's files."""
-    todo = [(row, seed) for row in rows for seed in seeds]  # row by row: base first
+def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, command: str) -> list:
+    """Runs (or with --report_only reads) every (variant, row, seed) of `todo`, in order,
+    --parallel at once after the first; each finished run rewrites the report, which reads
+    every run of `report_runs` finished so far. Returns the report's files."""
     steps = kw["steps"]
     big_steps = steps * step_multiple("big")
-    done: dict[tuple[str, int], dict] = {}
+    done: dict[tuple, dict] = {}
     tables: list[str] = []
     lock = threading.Lock()
     parallel = DEFAULT_PARALLEL[args.preset] if args.parallel is None else args.parallel
     env = parallel_env(parallel)
+    where = dict(root=root, mirror=args.mirror)
+    for key in report_runs:  # what is finished already (here or in the mirror)
+        if key not in todo:
+            variant, row, seed = key
+            r = finished_result(args.preset, row, seed, variant=variant, **where, **kw)
+            if r is not None:
+                done[key] = r
+    order = todo + [k for k in report_runs if k not in todo]
 
-    def one(row: str, seed: int) -> None:
+    def one(variant: str | None, row: str, seed: int) -> None:
         nonlocal tables
         t0 = time.time()
         if args.report_only:
-            r = finished_result(args.preset, row, seed, root, **kw)
+            r = finished_result(args.preset, row, seed, variant=variant, **where, **kw)
             if r is None:
                 return
         else:
-            r = run_one(args.preset, row, seed, root, env=env, **kw)
+            r = run_one(args.preset, row, seed, env=env, variant=variant, **where, **kw)
+        name = f"{variant}/{row}" if variant else row
         print(
-            f"{row} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
+            f"{name} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
             f"params {r['params'] / 1e6:.2f}M ({time.time() - t0:.0f} s)",
             flush=True,
         )
-        with lock:  # each finished run rewrites the report, in (row, seed) order
-            done[row, seed] = r
-            results = [done[k] for k in todo if k in done]
+        with lock:  # each finished run rewrites the report, in (variant, row, seed) order
+            done[variant, row, seed] = r
+            results = [dict(done[k], variant=k[0]) for k in order if k in done]
             tables = write_table(args.preset, results, args.out, command, seeds, steps, big_steps)
 
     if parallel == 1 or args.report_only:
-        for row, seed in todo:
-            one(row, seed)
+        for key in todo:
+            one(*key)
     else:
         # The first run alone: it trains the shared vocabulary and token cache the others read.
         one(*todo[0])
         with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-            futures = [pool.submit(one, row, seed) for row, seed in todo[1:]]
+            futures = [pool.submit(one, *key) for key in todo[1:]]
             for f in concurrent.futures.as_completed(futures):
                 if f.exception() is not None:  # the error names the run's log
                     pool.shutdown(cancel_futures=True)  # the running ones finish, no new ones

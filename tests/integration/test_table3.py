@@ -43,8 +43,9 @@ def test_small_preset_takes_its_data_settings_from_configs_small():
 
 
 def test_the_committed_small_runs_are_what_the_small_preset_starts():
-    """Every committed (row, seed) result of the small sweep was started with exactly what the
-    preset gives now (keys, values and flag order), so those runs stay reproducible."""
+    """Every committed (row, seed) result of the small sweep was started with what the preset
+    gives now (keys and flag order; every value but how often it saves checkpoints, which
+    decides nothing it learns), so those runs stay reproducible and a sweep skips them."""
     found = glob.glob(os.path.join(REPO, "experiments", "results", "table3_small_s1200_runs",
                                    "*", "seed*", "result.json"))  # fmt: skip
     assert found
@@ -56,7 +57,10 @@ def test_the_committed_small_runs_are_what_the_small_preset_starts():
         now = presets.run_overrides(
             "small", r["row"], r["seed"], root, data_dir=recorded["data.dir"]
         )
-        assert list(now.items()) == list(recorded.items()), path
+        assert list(now) == list(recorded), path
+        assert runner._substance(now) == runner._substance(recorded), path
+        changed = {k for k in now if now[k] != recorded[k]}
+        assert changed <= set(runner.CADENCE_KEYS), (path, changed)
 
 
 def test_budget_seed_and_vocabulary_per_run():
@@ -70,6 +74,21 @@ def test_budget_seed_and_vocabulary_per_run():
     assert a["data.vocab_path"] == b["data.vocab_path"] == "/r/vocab/spm_8000.model"
     assert a["train.eval_every_steps"] == 120 and b["train.eval_every_steps"] == 25
     assert runner.workdir_of("/r", "A1", 1) == "/r/A1/seed1"
+    assert runner.workdir_of("/r", "A1", 1, "f50") == "/r/variants/f50/A1/seed1"
+    # every dev evaluation is a checkpoint, all kept until the run is evaluated at its best
+    assert a["train.checkpoint_every_steps"] == 120 and a["train.keep_checkpoints"] == 12
+    # a variant: its own overrides and budget, the main sweep's vocabulary
+    f50 = presets.run_overrides("small", "D0.2", 0, "/r", variant="f50")
+    s2400 = presets.run_overrides("small", "C8", 1, "/r", variant="s2400")
+    assert f50["data.train_split"] == "train[:50%]" and f50["train.num_steps"] == 1200
+    assert s2400["train.num_steps"] == 2400 and s2400["train.eval_every_steps"] == 120
+    assert f50["data.vocab_path"] == s2400["data.vocab_path"] == a["data.vocab_path"]
+    # results are compared as the files they name on any machine: the vocabulary by its place
+    # under the root, the data by its place beside the checkout
+    here = dict(a, **{"data.dir": os.path.join(REPO, "..", "shared", "data", "multi30k")})
+    there = dict(here, **{"data.vocab_path": "/elsewhere/runs/x/vocab/spm_8000.model"})
+    assert runner._substance(here) == runner._substance(there)
+    assert runner._substance(here)["data.dir"] == "<beside checkout>/shared/data/multi30k"
     assert sweep.parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(SystemExit):
         sweep.parse_seeds("0,0")
@@ -148,6 +167,20 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     # another budget in the same root is refused, not mixed in
     with pytest.raises(SystemExit, match="train.num_steps"):
         sweep.main([*common, "--seeds=0", "--steps=6"])
+
+    # a new machine: the runs' workdirs are gone, their results are in the committed mirror, and
+    # the sweep skips every finished run (nothing is trained: no workdir is made)
+    mirror = tmp_path / "mirror"
+    assert sweep.main([*common, "--seeds=0", "--rows=A1", f"--mirror={mirror}"]) == 0
+    mirrored = json.loads((mirror / "A1" / "seed0" / "result.json").read_text())
+    assert mirrored == json.loads((runs / "A1" / "seed0" / "result.json").read_text())
+    assert mirrored["bleu_at"] == "best" and mirrored["best_step"] == 5  # one eval: the end
+    fresh = tmp_path / "fresh"
+    capsys.readouterr()
+    assert sweep.main([*common, "--seeds=0", "--rows=A1", f"--root={fresh}",
+                       f"--mirror={mirror}"]) == 0  # fmt: skip
+    assert "A1 seed 0: ppl" in capsys.readouterr().out
+    assert not list(fresh.rglob("metrics.jsonl"))  # nothing trained
 
     assert sweep.main([f"--find_budget={runs / 'base' / 'seed0'}"]) == 0
     budget = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
