@@ -3,7 +3,7 @@ not reproduce, an experiment that could refute the explanation the report gave, 
 (and into the report) before any of its runs, with its prediction and its verdict rule as code.
 
 Each experiment names its runs as (variant, row, seeds). A variant is the sweep's protocol with
-one thing changed (VARIANTS: the budget, the share of the training pairs); it runs under
+one thing changed (presets.VARIANTS: the budget, the share of the training pairs); it runs under
 <root>/variants/<name>/ROW/seedK/ with the main sweep's vocabulary, so seed K still gives every
 row the same batches. Probe rows (H1K64, E-std1, ...) are rows of configs/table3.py:PROBES.
 
@@ -21,28 +21,10 @@ import dataclasses
 import math
 
 from experiments.table3 import stats
+from experiments.table3.presets import TABLE3, VARIANTS
 
 SUPPORTED, REFUTED, INCONCLUSIVE, PENDING = "supported", "refuted", "inconclusive", "pending"
 FLOOR = stats.MIN_EFFECT["ppl"]  # 2% of the reference's dev PPL
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """The sweep's protocol with one thing changed."""
-
-    overrides: dict  # extra --config.* of every run
-    steps: int | None = None  # base's budget (None: the sweep's)
-    eval_every: int | None = None  # None: the sweep's (budget / 10)
-    about: str = ""
-
-
-VARIANTS: dict[str, Variant] = {
-    # The schedule does not depend on train.num_steps, so these runs are the 1,200-step runs
-    # continued: the same numbers to step 1,200, evaluated at the same steps.
-    "s2400": Variant({}, steps=2400, eval_every=120, about="2,400 steps (twice the budget)"),
-    "f50": Variant({"data.train_split": "train[:50%]"}, about="the first 50% of the pairs"),
-    "f25": Variant({"data.train_split": "train[:25%]"}, about="the first 25% of the pairs"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,8 +149,6 @@ def _mean(values: list[float]) -> float | None:
 
 
 def paper_gap(row: str, ref: str) -> float:
-    from experiments.table3.presets import TABLE3
-
     return stats.difference("ppl", TABLE3[row].ppl, TABLE3[ref].ppl)
 
 

@@ -14,6 +14,7 @@ so a seed gives every row the same batches in the same order.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from experiments import REPO
@@ -64,6 +65,25 @@ DEFAULT_SEEDS = {"paper": "0,1", "small": "0,1", "gpu": "0,1,2", "micro": "0"}
 # Runs at once (--parallel): a small-preset model uses a sliver of one GPU, and what each run
 # costs there is mostly its process start, compilations and beam search, not its steps.
 DEFAULT_PARALLEL = {"paper": 1, "small": 1, "gpu": 8, "micro": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """The sweep's protocol with one thing changed."""
+
+    overrides: dict  # extra --config.* of every run
+    steps: int | None = None  # base's budget (None: the sweep's)
+    eval_every: int | None = None  # None: the sweep's (budget / 10)
+    about: str = ""
+
+
+VARIANTS: dict[str, Variant] = {
+    # The schedule does not depend on train.num_steps, so these runs are the 1,200-step runs
+    # continued: the same numbers to step 1,200, evaluated at the same steps.
+    "s2400": Variant({}, steps=2400, eval_every=120, about="2,400 steps (twice the budget)"),
+    "f50": Variant({"data.train_split": "train[:50%]"}, about="the first 50% of the pairs"),
+    "f25": Variant({"data.train_split": "train[:25%]"}, about="the first 25% of the pairs"),
+}
 
 
 def row_model(row: str) -> dict:
@@ -159,9 +179,7 @@ def run_overrides(
     variant: str | None = None,
 ) -> dict:
     """Everything one (row, seed) run is started with beyond its row: preset, budget, seed, the
-    vocabulary every row and seed share, and a variant's changes (explain.VARIANTS)."""
-    from experiments.table3.explain import VARIANTS
-
+    vocabulary every row and seed share, and a variant's changes (VARIANTS)."""
     v = VARIANTS[variant] if variant else None
     if v is not None:
         steps, eval_every = v.steps or steps, v.eval_every or eval_every

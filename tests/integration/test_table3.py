@@ -271,3 +271,21 @@ def test_a_runs_output_reaches_its_log_while_it_runs(tmp_path):
     thread.join(60)
     assert out["last"] == '{"ppl": 6.9}'
     assert log.read_text().endswith('step 50/1200 loss 7.0\n{"ppl": 6.9}\n')
+
+
+def test_readme_states_the_committed_reports_result():
+    """The README's Table 3 section says what experiments/results/table3_small.md says: its
+    summary line, and one item for each comparison that did not come out as the paper's."""
+    import re
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    with open(os.path.join(REPO, "experiments", "results", "table3_small.md")) as f:
+        report = f.read()
+    summary = re.search(r"\*\*(\d+ of 14 comparisons reproduced or tied as in the paper)", report)
+    section = readme.split("### Result so far (preset `small`")[1].split("\n## ")[0]
+    assert f"**{summary.group(1)}**" in section
+    listed = report.split("Comparisons not reproduced or tied, and what tests them:")[1]
+    rows = re.findall(r"^- (\S+): ", listed, re.M)
+    assert rows and all(f"- {row} vs " in section for row in rows), rows
+    assert "table3_small.png" in section and "table3_small.md" in section
