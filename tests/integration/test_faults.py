@@ -24,15 +24,14 @@ from helpers.runs import (
     write_tiny_corpus,
 )
 
-from tfm_jax.checkpoint import manager as checkpoint
 from tfm_jax.checkpoint import reading
+from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.cli.main import main
-from tfm_jax.config import paths
-from tfm_jax.config import validate as config
+from tfm_jax.config import paths, validate
 from tfm_jax.config.build import load_config_module
 from tfm_jax.config.defaults import default_config
 from tfm_jax.train import loop, preemption
-from tfm_jax.train import trainer as train
+from tfm_jax.train.trainer import make_trainer
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +73,7 @@ def wait_for_step(log_path, at_least: int, proc, timeout=300) -> None:
 
 
 def params_at(workdir, step, cfg):
-    abstract = train.make_trainer(cfg).abstract_state.params
+    abstract = make_trainer(cfg).abstract_state.params
     return jax.device_get(reading.load_params(workdir, str(step), abstract))
 
 
@@ -101,7 +100,7 @@ def test_sigterm_saves_the_current_step_and_resumes_bitwise(corpus, tmp_path):
     assert summary["stopped_by"] == "SIGTERM" and 10 <= stopped < 100_000
     assert_clean_message(err, f"SIGTERM: stopped at step {stopped} ")
     assert len([ln for ln in err.splitlines() if ln.startswith("SIGTERM: stopped")]) == 1
-    steps = checkpoint.Checkpointer(tmp_path / "stopped", every_steps=0, every_secs=0,
+    steps = Checkpointer(tmp_path / "stopped", every_steps=0, every_secs=0,
                                     keep=5).all_steps()  # fmt: skip
     assert steps[-1] == stopped  # the newest checkpoint is the step it stopped at
 
@@ -153,7 +152,7 @@ def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus
     big = {"model.vocab_size": 2000, "model.d_model": 256, "model.d_ff": 1024,
            "model.d_k": 128, "model.d_v": 128}  # fmt: skip
     cfg = tiny_run_config(corpus, **big)
-    ckpt = checkpoint.Checkpointer(workdir, every_steps=0, every_secs=0, keep=5)
+    ckpt = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5)
     steps = ckpt.all_steps()
     assert steps, "no checkpoint at all"
     for step in steps:  # every checkpoint Orbax lists restores
@@ -185,7 +184,7 @@ def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_pat
         assert p.returncode == 75, err[-3000:]
     summary = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
     assert summary[0]["step"] == summary[1]["step"] and summary[0]["stopped_by"] == "SIGTERM"
-    steps = checkpoint.Checkpointer(tmp_path / "run", every_steps=0, every_secs=0,
+    steps = Checkpointer(tmp_path / "run", every_steps=0, every_secs=0,
                                     keep=5).all_steps()  # fmt: skip
     assert steps[-1] == summary[0]["step"]
 
@@ -238,8 +237,8 @@ def test_every_checkpoint_corrupt_is_a_clear_error(corpus, trained, tmp_path):
 
 
 def test_every_numeric_key_has_a_range_and_out_of_range_is_an_error(capsys):
-    keys = set(config.numeric_keys(default_config()))
-    assert keys == set(config.RANGES), keys ^ set(config.RANGES)
+    keys = set(validate.numeric_keys(default_config()))
+    assert keys == set(validate.RANGES), keys ^ set(validate.RANGES)
     for key, bad in (("train.num_steps", -5), ("model.dropout", 1.5), ("mesh.data", 0),
                      ("optim.eps", 0.0), ("decode.beam_size", 0)):  # fmt: skip
         argv = ["train", "--config=configs/small.py", "--workdir=unused", f"--config.{key}={bad}"]
@@ -248,10 +247,10 @@ def test_every_numeric_key_has_a_range_and_out_of_range_is_an_error(capsys):
         assert rc == 2 and f"config key {key}={bad!r} is out of range" in err, err
         assert "must be" in err and f"--config.{key}=" in err
     cfg = default_config()
-    config.validate(cfg)  # the defaults are in range
+    validate.validate(cfg)  # the defaults are in range
     table3 = load_config_module(os.path.join(REPO, "configs", "table3.py"))
     for row in table3.ROWS:
-        config.validate(table3.row_config(row))
+        validate.validate(table3.row_config(row))
 
 
 def test_paths_are_resolved_once_and_recorded(tmp_path, monkeypatch):
@@ -357,7 +356,7 @@ def test_a_disk_that_fills_during_a_save_stops_with_one_line(corpus, trained, tm
         assert len(errors) == 1 and errors[0].startswith("error: checkpoint "), errors
         failed = int(errors[0].split()[2])
         newest = int(errors[0].split("is still step ")[1].split(".")[0])
-        steps = checkpoint.Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()
+        steps = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()
         assert steps[-1] == newest < failed  # no half-written checkpoint listed as the newest
         left = [f.name for f in (workdir / "checkpoints").iterdir()]
         assert not [n for n in left if "tmp" in n], left  # the failed save's folder is removed

@@ -31,7 +31,7 @@ from helpers.runs import (
 )
 
 from tfm_jax.checkpoint import reading
-from tfm_jax.train import trainer as train
+from tfm_jax.train.trainer import make_trainer
 
 pytestmark = [pytest.mark.gcs, pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -120,7 +120,7 @@ def test_sigterm_and_resume_on_gs_match_a_local_run(gcs, corpus, stopped_and_res
     local = tmp_path / "local"
     run([*train_args(corpus, **{"train.num_steps": final}), f"--workdir={local}"], gcs)
     cfg = tiny_run_config(corpus)
-    abstract = train.make_trainer(cfg).abstract_state.params
+    abstract = make_trainer(cfg).abstract_state.params
     a = jax.device_get(reading.load_params(workdir, str(final), abstract))
     b = jax.device_get(reading.load_params(str(local), str(final), abstract))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

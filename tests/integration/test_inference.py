@@ -20,14 +20,13 @@ from jax import lax
 
 from tfm_jax import data
 from tfm_jax.checkpoint import averaging
-from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.cli import inference as inference_cli
 from tfm_jax.config.build import split_overrides
-from tfm_jax.decode import load, translate
-from tfm_jax.decode import search as decode
+from tfm_jax.decode import load, search, translate
 from tfm_jax.model import scoring
 from tfm_jax.model.transformer import Transformer
-from tfm_jax.train import trainer as train
+from tfm_jax.train.trainer import make_trainer
 from tfm_jax.viz.attention import capture_attention
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID
 
@@ -53,7 +52,7 @@ def full_recompute_tokens_to_logits(model, params, encoded, inputs):
 def run_beam(params, inputs, max_lengths, *, model, cached, max_decode_len):
     rows = inputs.shape[0]
     encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-    enc_b, in_b = decode.expand_to_beams((encoded, inputs), 4)
+    enc_b, in_b = search.expand_to_beams((encoded, inputs), 4)
     if cached:
         fn = translate.cached_tokens_to_logits(model, params, enc_b, in_b)
         cache = translate.init_cache(model, params, encoded, inputs, max_decode_len)
@@ -63,7 +62,7 @@ def run_beam(params, inputs, max_lengths, *, model, cached, max_decode_len):
             "prefix": jnp.zeros((rows, max_decode_len), jnp.int32),
             "index": jnp.array(0, jnp.int32),
         }
-    return decode.beam_search(
+    return search.beam_search(
         fn, cache, batch_size=rows, max_decode_len=max_decode_len, max_lengths=max_lengths,
         beam_size=4, alpha=0.6,
     )[:2]  # fmt: skip
@@ -231,12 +230,10 @@ def run(tmp_path_factory):
         "model.dropout": 0.0, "optim.warmup_steps": 20, "decode.tokens_per_batch": 64,
     })  # fmt: skip
     tokenizer = data.get_tokenizer(cfg.data, workdir)
-    trainer = train.make_trainer(cfg)
+    trainer = make_trainer(cfg)
     state = trainer.init_state(0)
     batches = data.make_train_iterator(cfg.data, tokenizer, seed=0)
-    with checkpoint.Checkpointer(
-        workdir, every_steps=0, every_secs=0, keep=3, async_save=False
-    ) as ckpt:
+    with Checkpointer(workdir, every_steps=0, every_secs=0, keep=3, async_save=False) as ckpt:
         for step in range(1, 31):
             state, _ = trainer.train_step(state, next(batches))
             if step in (20, 30):

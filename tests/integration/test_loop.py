@@ -18,10 +18,10 @@ import pytest
 from helpers import REPO
 from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides, write_tiny_corpus
 
-from tfm_jax.checkpoint import manager as checkpoint
 from tfm_jax.checkpoint import reading
+from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.train import loop
-from tfm_jax.train import trainer as train
+from tfm_jax.train.trainer import make_trainer
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def cli(args, **kw):
 
 
 def final_params(workdir, cfg):
-    trainer = train.make_trainer(cfg)
+    trainer = make_trainer(cfg)
     return jax.device_get(reading.load_params(workdir, "latest", trainer.abstract_state.params))
 
 
@@ -113,7 +113,7 @@ def test_nan_stops_training_without_a_nan_checkpoint(corpus, tmp_path, monkeypat
     with pytest.raises(loop.NonFiniteLossError, match=r"step 8.*last good checkpoint is step 4"):
         loop.train_and_evaluate(cfg, str(tmp_path))
     # the checkpoint at step 8 (after the NaN at step 7) was never written
-    assert checkpoint.Checkpointer(tmp_path, every_steps=0, every_secs=0, keep=5).all_steps() == [4]
+    assert Checkpointer(tmp_path, every_steps=0, every_secs=0, keep=5).all_steps() == [4]
 
 
 def test_memory_near_the_hosts_limit_is_warned_once(corpus, tmp_path, monkeypatch, caplog):
@@ -158,7 +158,7 @@ def test_averaging_cli_equals_mean_of_inputs(corpus, tmp_path):
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
     assert json.loads(out.strip().splitlines()[-1])["steps"] == [4, 8]
-    trainer = train.make_trainer(cfg)
+    trainer = make_trainer(cfg)
     abstract = trainer.abstract_state.params
     p4, p8 = (reading.load_params(tmp_path, s, abstract) for s in ("4", "8"))
     avg = reading.load_params(tmp_path, "averaged", abstract)

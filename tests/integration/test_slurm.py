@@ -22,7 +22,7 @@ from helpers.runs import cli_args, tiny_run_config, tiny_run_overrides, write_ti
 from helpers.slurm import LocalSlurm, SlurmUnavailable
 
 from tfm_jax.checkpoint import reading
-from tfm_jax.train import trainer as train
+from tfm_jax.train.trainer import make_trainer
 
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -128,7 +128,7 @@ def test_template_preempted_twice_resumes_to_the_uninterrupted_params(slurm, cor
     assert re.findall(r"^step (\d+)/", runs[2], flags=re.M)[-1] == str(STEPS)
 
     cfg = tiny_run_config(corpus, **RUN)
-    abstract = train.make_trainer(cfg).abstract_state.params
+    abstract = make_trainer(cfg).abstract_state.params
     a = jax.device_get(reading.load_params(tmp_path / "straight", str(STEPS), abstract))
     b = jax.device_get(reading.load_params(tmp_path / "preempted", str(STEPS), abstract))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

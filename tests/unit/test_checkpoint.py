@@ -13,7 +13,7 @@ import pytest
 
 from tfm_jax.checkpoint import averaging, reading
 from tfm_jax.checkpoint import errors as ckpt_errors
-from tfm_jax.checkpoint import manager as checkpoint
+from tfm_jax.checkpoint.manager import Checkpointer
 
 CONFIG_JSON = json.dumps({"model": {"num_layers": 2, "d_model": 8}, "optim": {"warmup": 4}})
 DATA_STATE = {"epoch": 1, "position": 12345, "files": ["a.tfrecord", "b.tfrecord"]}
@@ -80,7 +80,7 @@ def _assert_trees_equal(a, b):
 
 def _ckpt(tmp_path, **kw):
     kw = {"every_steps": 0, "every_secs": 0, "keep": 5, **kw}
-    return checkpoint.Checkpointer(tmp_path, **kw)
+    return Checkpointer(tmp_path, **kw)
 
 
 def _save_steps(tmp_path, steps, **kw):

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from tfm_jax.model import sharding
-from tfm_jax.train import trainer as train
+from tfm_jax.train.trainer import make_trainer
 
 
 def fixed_batch(rows=4, length=8, vocab=64, seed=0):
@@ -15,7 +15,7 @@ def fixed_batch(rows=4, length=8, vocab=64, seed=0):
 
 
 def test_compiled_step_equals_jitted_step_and_donates_the_state(tiny_cfg):
-    trainer = train.make_trainer(tiny_cfg)
+    trainer = make_trainer(tiny_cfg)
     batch = sharding.global_batch(fixed_batch(), trainer.mesh)
 
     jitted_state, jitted_metrics = trainer.train_step(trainer.init_state(0), batch)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tfm_jax.decode import search as decode
+from tfm_jax.decode import search
 from tfm_jax.vocab_ids import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 6
@@ -55,7 +55,7 @@ def init_cache(batch_size, rows=None):
 )
 def run_beam(tables, rows, max_lengths, *, beam_size, alpha, max_decode_len, early_stopping=True):
     """(sequences, scores); every test here uses a full-length buffer."""
-    return decode.beam_search(
+    return search.beam_search(
         make_tokens_to_logits(tables),
         init_cache(rows.shape[0], rows),
         batch_size=rows.shape[0],
@@ -69,7 +69,7 @@ def run_beam(tables, rows, max_lengths, *, beam_size, alpha, max_decode_len, ear
 
 @functools.partial(jax.jit, static_argnames=("max_decode_len",))
 def run_greedy(tables, rows, max_lengths, *, max_decode_len):
-    return decode.greedy_search(
+    return search.greedy_search(
         make_tokens_to_logits(tables),
         init_cache(rows.shape[0], rows),
         batch_size=rows.shape[0],
@@ -174,21 +174,21 @@ def constant_tables(batch_size=1, fill=-1000.0):
 
 
 def test_length_penalty_golden():
-    np.testing.assert_allclose(decode.length_penalty(jnp.array(1), 0.6), 1.0, rtol=1e-6)
-    np.testing.assert_allclose(decode.length_penalty(jnp.array(7), 0.6), 2.0**0.6, rtol=1e-6)
-    np.testing.assert_allclose(decode.length_penalty(jnp.array(10), 0.0), 1.0)
+    np.testing.assert_allclose(search.length_penalty(jnp.array(1), 0.6), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(search.length_penalty(jnp.array(7), 0.6), 2.0**0.6, rtol=1e-6)
+    np.testing.assert_allclose(search.length_penalty(jnp.array(10), 0.0), 1.0)
 
 
 def test_expand_to_beams_is_batch_major_and_keeps_scalars():
     tree = {"x": jnp.array([[1, 2], [3, 4]]), "i": jnp.array(7)}
-    out = decode.expand_to_beams(tree, 3)
+    out = search.expand_to_beams(tree, 3)
     np.testing.assert_array_equal(out["x"], [[1, 2]] * 3 + [[3, 4]] * 3)
     assert out["i"].shape == () and int(out["i"]) == 7
 
 
 def test_gather_cache_reorders_rows_and_keeps_scalars():
     cache = {"x": jnp.arange(6) * 10, "i": jnp.array(5)}  # batch 2, beam 3
-    out = decode.gather_cache(cache, jnp.array([[2, 2, 0], [1, 0, 0]]), beam_size=3)
+    out = search.gather_cache(cache, jnp.array([[2, 2, 0], [1, 0, 0]]), beam_size=3)
     np.testing.assert_array_equal(out["x"], [20, 20, 0, 40, 30, 30])
     assert int(out["i"]) == 5
 
@@ -334,7 +334,7 @@ def test_early_stopping_stops_early_and_changes_nothing():
 
     def run(early_stopping, exact_beams="all"):
         steps_run.clear()
-        out = decode.beam_search(
+        out = search.beam_search(
             counting(make_tokens_to_logits(jnp.asarray(tables))),
             init_cache(2),
             batch_size=2,
@@ -367,8 +367,8 @@ def test_best_only_early_stopping_keeps_the_best(seed):
     tables[..., EOS_ID] += 1.5 * (seed % 3)
     kw = dict(batch_size=3, max_decode_len=12, max_lengths=jnp.array([12, 7, 10]), beam_size=4)
     fn = make_tokens_to_logits(jnp.asarray(tables))
-    full = decode.beam_search(fn, init_cache(3), alpha=0.6, early_stopping=False, **kw)
-    best = decode.beam_search(fn, init_cache(3), alpha=0.6, exact_beams="best", **kw)
+    full = search.beam_search(fn, init_cache(3), alpha=0.6, early_stopping=False, **kw)
+    best = search.beam_search(fn, init_cache(3), alpha=0.6, exact_beams="best", **kw)
     np.testing.assert_array_equal(best[0][:, 0], full[0][:, 0])
     np.testing.assert_allclose(best[1][:, 0], full[1][:, 0], rtol=1e-6)
 
@@ -406,9 +406,9 @@ def test_rejects_bad_arguments():
     kwargs = dict(batch_size=1, max_decode_len=3, max_lengths=jnp.array([3]))
     fn = make_tokens_to_logits(jnp.asarray(constant_tables()))
     with pytest.raises(ValueError, match="beam_size"):
-        decode.beam_search(fn, init_cache(1), beam_size=0, **kwargs)
+        search.beam_search(fn, init_cache(1), beam_size=0, **kwargs)
     with pytest.raises(ValueError, match="alpha"):
-        decode.beam_search(fn, init_cache(1), alpha=-0.5, **kwargs)
+        search.beam_search(fn, init_cache(1), alpha=-0.5, **kwargs)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -421,13 +421,13 @@ def test_short_buffer_is_exact_where_complete(seed):
     fn = make_tokens_to_logits(jnp.asarray(tables))
     kw = dict(batch_size=4, max_lengths=max_lengths, beam_size=4, alpha=0.6)
     for exact_beams in ("all", "best"):
-        full = decode.beam_search(
+        full = search.beam_search(
             fn, init_cache(4), max_decode_len=12, exact_beams=exact_beams, **kw
         )
         assert np.all(full.complete)
         flags = []
         for short_len in range(1, 12):
-            short = decode.beam_search(
+            short = search.beam_search(
                 fn, init_cache(4), max_decode_len=short_len, exact_beams=exact_beams, **kw
             )
             flags.append(np.asarray(short.complete))
@@ -444,7 +444,7 @@ def test_short_buffer_is_exact_where_complete(seed):
         assert flags[4, 3]  # max length 5 is reached within a 5-token buffer
     # greedy: complete iff EOS or max length came within the buffer, and then equal
     full = run_greedy(jnp.asarray(tables), jnp.arange(4), max_lengths, max_decode_len=12)
-    short = decode.greedy_search(
+    short = search.greedy_search(
         fn, init_cache(4), batch_size=4, max_decode_len=4, max_lengths=max_lengths
     )
     for b in range(4):
@@ -462,15 +462,15 @@ def test_ensemble_logits_are_the_log_of_the_mean_probability():
     a, b = (jnp.asarray(rng.standard_normal((2, VOCAB)), jnp.float32) for _ in range(2))
     fns = [lambda ids, c, x=x: (x + 0.0 * ids, c + 1) for x in (a, b)]  # noqa: B023
     ids = jnp.zeros((2, 1), jnp.int32)
-    out, caches = decode.ensemble_tokens_to_logits(fns)(ids, (jnp.array(0), jnp.array(10)))
+    out, caches = search.ensemble_tokens_to_logits(fns)(ids, (jnp.array(0), jnp.array(10)))
     pa, pb = (np.exp(np.asarray(x, np.float64) - np.logaddexp.reduce(x, -1, keepdims=True))
               for x in (np.asarray(a, np.float64), np.asarray(b, np.float64)))  # fmt: skip
     np.testing.assert_allclose(np.asarray(out), np.log((pa + pb) / 2), rtol=1e-5, atol=1e-6)
     assert [int(c) for c in caches] == [1, 11]  # each member's cache, in order
     # One member is the member itself (its program unchanged); none is an error.
-    assert decode.ensemble_tokens_to_logits(fns[:1]) is fns[0]
+    assert search.ensemble_tokens_to_logits(fns[:1]) is fns[0]
     with pytest.raises(ValueError, match="at least one"):
-        decode.ensemble_tokens_to_logits([])
+        search.ensemble_tokens_to_logits([])
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
@@ -482,10 +482,10 @@ def test_ensemble_beam_search_matches_numpy_mixture(alpha):
 
     @jax.jit
     def run(t1, t2):
-        fn = decode.ensemble_tokens_to_logits(
+        fn = search.ensemble_tokens_to_logits(
             [make_tokens_to_logits(t1), make_tokens_to_logits(t2)]
         )
-        return decode.beam_search(
+        return search.beam_search(
             fn, (init_cache(3), init_cache(3)), batch_size=3, max_decode_len=6,
             max_lengths=jnp.array(max_lengths), beam_size=4, alpha=alpha,
         )[:2]  # fmt: skip

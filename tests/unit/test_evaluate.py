@@ -5,7 +5,7 @@ import math
 import pytest
 import sacrebleu
 
-from tfm_jax.eval import metrics as evaluate
+from tfm_jax.eval import metrics
 
 HYPS = [
     "The cat sat on the mat.",
@@ -20,7 +20,7 @@ REFS = [
 
 
 def test_bleu_equals_sacrebleu():
-    result = evaluate.bleu(HYPS, REFS)
+    result = metrics.bleu(HYPS, REFS)
     expected = sacrebleu.corpus_bleu(HYPS, [REFS])
     assert result["score"] == pytest.approx(expected.score)
     assert 0 < result["score"] < 100
@@ -28,13 +28,13 @@ def test_bleu_equals_sacrebleu():
 
 
 def test_chrf_equals_sacrebleu():
-    assert evaluate.chrf(HYPS, REFS) == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score)
-    assert evaluate.chrf(REFS, REFS) == pytest.approx(100.0)
+    assert metrics.chrf(HYPS, REFS) == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score)
+    assert metrics.chrf(REFS, REFS) == pytest.approx(100.0)
 
 
 def test_mismatched_lengths_raise():
     with pytest.raises(ValueError, match="one reference per hypothesis"):
-        evaluate.bleu(HYPS, REFS[:2])
+        metrics.bleu(HYPS, REFS[:2])
 
 
 @pytest.mark.parametrize(
@@ -50,11 +50,11 @@ def test_mismatched_lengths_raise():
     ],
 )
 def test_tokenize_for_paper_bleu(text, expected):
-    assert evaluate.tokenize_for_paper_bleu(text, "de") == expected
+    assert metrics.tokenize_for_paper_bleu(text, "de") == expected
 
 
 def test_paper_bleu_identical_is_100():
-    assert evaluate.paper_bleu(HYPS, HYPS, "de") == pytest.approx(100.0)
+    assert metrics.paper_bleu(HYPS, HYPS, "de") == pytest.approx(100.0)
 
 
 def test_paper_bleu_known_case():
@@ -64,7 +64,7 @@ def test_paper_bleu_known_case():
     # 1-grams 6/7, 2-grams 4/6, 3-grams 2/5, 4-grams 1/4.
     hyp, ref = "die neuen Auto-Hersteller sind da", "die neuen Auto-Bauer sind da"
     expected = 100 * (6 / 7 * 4 / 6 * 2 / 5 * 1 / 4) ** 0.25
-    assert evaluate.paper_bleu([hyp], [ref], "de") == pytest.approx(expected, rel=1e-6)
+    assert metrics.paper_bleu([hyp], [ref], "de") == pytest.approx(expected, rel=1e-6)
     # Without the split no 3-gram matches, so (unsmoothed, as multi-bleu.perl) BLEU is 0.
     assert sacrebleu.corpus_bleu(
         [hyp], [[ref]], tokenize="none", smooth_method="none", force=True
@@ -76,4 +76,4 @@ def test_paper_bleu_brevity_penalty():
     ref = "die neuen Hersteller sind heute da ."
     hyp = "die neuen Hersteller sind heute"
     expected = 100 * math.exp(1 - 7 / 5)
-    assert evaluate.paper_bleu([hyp], [ref], "de") == pytest.approx(expected, rel=1e-6)
+    assert metrics.paper_bleu([hyp], [ref], "de") == pytest.approx(expected, rel=1e-6)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tfm_jax.model import sharding
-from tfm_jax.train import trainer as train
+from tfm_jax.train.trainer import make_trainer
 
 
 def fixed_batch():
@@ -19,7 +19,7 @@ def fixed_batch():
 
 
 def test_second_call_does_not_recompile(tiny_cfg):
-    trainer = train.make_trainer(tiny_cfg)
+    trainer = make_trainer(tiny_cfg)
     state = trainer.init_state(0)
     batch = sharding.global_batch(fixed_batch(), trainer.mesh)
     state, _ = trainer.train_step(state, batch)
@@ -35,7 +35,7 @@ def test_tiny_model_overfits_one_batch():
         "model.dropout": 0.0, "loss.label_smoothing": 0.0, "optim.warmup_steps": 30,
         "optim.lr_factor": 1.0,
     })  # fmt: skip
-    trainer = train.make_trainer(cfg)
+    trainer = make_trainer(cfg)
     state = trainer.init_state(0)
     batch = sharding.global_batch(fixed_batch(), trainer.mesh)
     losses = []
@@ -46,7 +46,7 @@ def test_tiny_model_overfits_one_batch():
 
 
 def test_eval_step_matches_loss_sums(tiny_cfg):
-    trainer = train.make_trainer(tiny_cfg)
+    trainer = make_trainer(tiny_cfg)
     state = trainer.init_state(0)
     batch = fixed_batch()
     sums = trainer.eval_step(state.params, sharding.global_batch(batch, trainer.mesh))
@@ -56,7 +56,7 @@ def test_eval_step_matches_loss_sums(tiny_cfg):
 
 def test_diverged_params_give_a_nan_loss_metric(tiny_cfg):
     """What the loop's NaN stop reads: a state gone non-finite shows in metrics["loss"]."""
-    trainer = train.make_trainer(tiny_cfg)
+    trainer = make_trainer(tiny_cfg)
     state = trainer.init_state(0)
     batch = sharding.global_batch(fixed_batch(), trainer.mesh)
     state, m0 = trainer.train_step(state, batch)
@@ -72,7 +72,7 @@ def test_trainer_schedule_is_the_learning_rate_applied(tiny_cfg):
     first update moves each weight with a non-negligible gradient by lr = schedule(0)."""
     cfg = tiny_cfg
     cfg.model.dropout = 0.0
-    trainer = train.make_trainer(cfg)
+    trainer = make_trainer(cfg)
     state = trainer.init_state(0)
     before = jax.device_get(state.params)
     state, _ = trainer.train_step(state, sharding.global_batch(fixed_batch(), trainer.mesh))
