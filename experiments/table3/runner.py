@@ -162,9 +162,8 @@ def run_one(
         "seed": int(seed),
         "variant": variant,
         "overrides": overrides,
-        "ppl": scores[
-            "ppl"
-        ],  # the latest checkpoint's (the report takes the best's from the curve)
+        # the latest checkpoint's PPL (the report takes the best's from the curve)
+        "ppl": scores["ppl"],
         "bleu": at_best["bleu"],  # at the best checkpoint, as PPL
         "bleu_at": "best",
         "best_step": best_step,

@@ -200,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    mirror_off = args.mirror == "none"  # before resolving: "none" is a word, not a folder
     paths.resolve_args(args, ("root", "out", "data_dir", "find_budget", "mirror"))
     if args.find_budget:
         print(json.dumps(find_budget(args.find_budget, args.threshold)))
@@ -220,10 +221,10 @@ def main(argv=None) -> int:
         todo = explain.run_list(names)
     steps = args.steps or preset_overrides(args.preset, "base", None)["train.num_steps"]
     root = args.root or os.path.join(REPO, "runs", f"table3_{args.preset}")
-    if args.mirror is None and args.preset != "micro":
-        args.mirror = mirror_of(root, os.path.join(REPO, "experiments", "results"))
-    if args.mirror == "none":
+    if mirror_off:
         args.mirror = None
+    elif args.mirror is None and args.preset != "micro":
+        args.mirror = mirror_of(root, os.path.join(REPO, "experiments", "results"))
     kw = dict(data_dir=args.data_dir, steps=steps, eval_every=args.eval_every)
     if args.print_commands:
         for variant, row, seed in todo:

@@ -289,3 +289,14 @@ def test_readme_states_the_committed_reports_result():
     rows = re.findall(r"^- (\S+): ", listed, re.M)
     assert rows and all(f"- {row} vs " in section for row in rows), rows
     assert "table3_small.png" in section and "table3_small.md" in section
+
+
+def test_mirror_none_turns_the_mirror_off(monkeypatch, tmp_path):
+    """--mirror=none is a word, not a folder: no mirror (it was once resolved into a path)."""
+    seen = {}
+    monkeypatch.setattr(sweep, "sweep", lambda args, *a: seen.setdefault("mirror", args.mirror))
+    common = ["--preset=small", "--rows=base", "--seeds=0", f"--root={tmp_path / 'r'}"]
+    sweep.main([*common, "--mirror=none"])
+    assert seen.pop("mirror") is None
+    sweep.main(common)  # the default: the committed folder named after the root
+    assert seen.pop("mirror") == os.path.join(REPO, "experiments", "results", "r_runs")
