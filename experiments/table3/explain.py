@@ -122,8 +122,7 @@ def run_list(names: list[str]) -> list[tuple[str | None, str, int]]:
 
 def best_ppl(result: dict, upto: int | None = None) -> float:
     """Dev PPL at the best evaluation (at or before step `upto`)."""
-    curve = [(s, v) for s, v in result["dev_curve"] if upto is None or s <= upto]
-    return math.exp(min(v for _, v in curve))
+    return math.exp(stats.best_point(result["dev_curve"], upto)[1])
 
 
 def _table(results: list[dict], variant: str | None, upto: int | None = None) -> dict:

@@ -135,7 +135,7 @@ def at_best_checkpoint(result: dict) -> dict:
     best is the latest; else the latest's ("bleu_at": "latest")."""
     if "ppl_latest" in result or not result.get("dev_curve"):
         return result
-    step, nll = min(result["dev_curve"], key=lambda point: point[1])
+    step, nll = stats.best_point(result["dev_curve"])
     last = max(int(s) for s, _ in result["dev_curve"])
     bleu_at = result.get("bleu_at") or ("best" if int(step) == last else "latest")
     return dict(

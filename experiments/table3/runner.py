@@ -9,12 +9,15 @@ run trains, and once it is evaluated only the best (lowest dev NLL) and the late
 A (row, seed) whose result.json exists is not rerun (the result is the cache). The results are
 also mirrored into a folder meant to be committed (`mirror`: experiments/results/<root's
 name>_runs/ by default): on a new machine a sweep reads a finished run from there and skips it.
-An interrupted run resumes from its newest checkpoint. A workdir continues only the experiment
+The vocabulary every run shares (<root>/vocab/) is mirrored too, and each result records its
+digest: a new machine takes the mirror's file instead of retraining one, and a result made with
+other pieces than the root's is refused. An interrupted run resumes from its newest checkpoint. A workdir continues only the experiment
 it was started for: its harness.json records the overrides, and other settings are refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -83,9 +86,43 @@ def mirror_of(root: str, out: str) -> str:
     return os.path.join(out, os.path.basename(os.path.normpath(root)) + "_runs")
 
 
+def vocab_digest(path: str) -> str | None:
+    """The vocabulary file's sha256 (16 hex digits); None while it does not exist."""
+    if not storage.exists(path):
+        return None
+    return hashlib.sha256(storage.read_bytes(path)).hexdigest()[:16]
+
+
+def share_vocab(vocab_path: str, root: str, mirror: str | None) -> None:
+    """One vocabulary for the sweep on every machine: a root without it takes the mirror's copy
+    (the very pieces the mirrored results were trained with), and a mirror without it gets the
+    root's once it exists."""
+    if not mirror:
+        return
+    copy = os.path.join(mirror, os.path.relpath(vocab_path, root))
+    if not storage.exists(vocab_path) and os.path.exists(copy):
+        storage.makedirs(os.path.dirname(vocab_path))
+        storage.write_bytes(vocab_path, storage.read_bytes(copy))
+    elif storage.exists(vocab_path) and not os.path.exists(copy):
+        storage.makedirs(os.path.dirname(copy))
+        storage.write_bytes(copy, storage.read_bytes(vocab_path))
+
+
+def _check_vocab(where: str, result: dict, vocab_path: str) -> None:
+    """A result counts only for the vocabulary it was trained with (when it recorded one)."""
+    recorded, here = result.get("vocab_sha256"), vocab_digest(vocab_path)
+    if recorded and here and recorded != here:
+        raise SystemExit(
+            f"{where}/result.json was trained with the vocabulary of sha256 {recorded}, but "
+            f"{vocab_path} is {here}: its rows would be compared on other tokens. Copy the "
+            "vocabulary of the sweep that made it (its mirror keeps one under vocab/) or pass "
+            "another --root"
+        )
+
+
 def _read_result(workdir: str, overrides: dict, mirror_dir: str | None = None) -> dict | None:
     """A finished run's result.json (from the workdir, else from its mirror), checked to be
-    this experiment's; None when it is not finished."""
+    this experiment's and of this vocabulary; None when it is not finished."""
     for where in (workdir, mirror_dir):
         if where is None:
             continue
@@ -93,6 +130,7 @@ def _read_result(workdir: str, overrides: dict, mirror_dir: str | None = None) -
         if storage.exists(result_path):
             result = json.loads(storage.read_text(result_path))
             _check_same_run(where, result["overrides"], overrides)
+            _check_vocab(where, result, overrides["data.vocab_path"])
             return result
     return None
 
@@ -142,7 +180,8 @@ def run_one(
     train_s = time.time() - t0
     save_log(log_path, workdir)
     curve = stats.dev_curve(read_metrics(workdir))
-    best_step = int(min(curve, key=lambda point: point[1])[0]) if curve else None
+    best = stats.best_point(curve)
+    best_step = best[0] if best else None
     latest = layout.latest_step_on_disk(workdir)
     scores = _evaluate(workdir, "latest", log_path, env)
     at_best = scores
@@ -171,6 +210,7 @@ def run_one(
         "ppl_best_evaluated": at_best["ppl"],
         "bleu_tok_compound": at_best.get("bleu_tok_compound"),
         "params": next(iter(params.values()))["params"],
+        "vocab_sha256": vocab_digest(overrides["data.vocab_path"]),
         "dev_curve": curve,  # (step, dev NLL) of the evaluations during training
         "plateau_step": stats.plateau_step(curve),
         "train_seconds": round(train_s, 1),
@@ -184,6 +224,7 @@ def run_one(
     if mirror_dir:
         storage.makedirs(mirror_dir)
         storage.write_text(storage.join(mirror_dir, "result.json"), text)
+        share_vocab(overrides["data.vocab_path"], root, mirror)
     return result
 
 

@@ -320,6 +320,19 @@ def dev_curve(records: list[dict]) -> list[tuple[int, float]]:
     return sorted(curve.items())
 
 
+def best_point(
+    curve: list[tuple[int, float]], upto: int | None = None
+) -> tuple[int, float] | None:
+    """The best evaluation of a dev curve, (step, NLL): the lowest NLL at or before step `upto`
+    (all of it by default); on equal NLL the earlier step. None without an evaluation there.
+    The one definition of "the best checkpoint" for the runner (which keeps it), the report
+    (which reads PPL there) and the explanation experiments (which read it at a step)."""
+    points = [(int(s), float(v)) for s, v in curve if upto is None or s <= upto]
+    if not points:
+        return None
+    return min(points, key=lambda point: (point[1], point[0]))
+
+
 def plateau_step(
     curve: list[tuple[int, float]], threshold: float = 0.01, min_after: int = 2
 ) -> int | None:
@@ -358,4 +371,4 @@ def end_over_best(curve: list[tuple[int, float]]) -> float | None:
     run over-fits by the end of its budget). None without a curve."""
     if not curve:
         return None
-    return 100.0 * (math.exp(curve[-1][1] - min(v for _, v in curve)) - 1.0)
+    return 100.0 * (math.exp(curve[-1][1] - best_point(curve)[1]) - 1.0)

@@ -35,8 +35,9 @@ the protocol under <root>/variants/) and the report judges each by its registere
 
 Across machines. Each finished run's result.json is also written to --mirror (default
 experiments/results/<root's name>_runs/, the folder to commit); a sweep on a new machine reads
-the finished runs from there and skips them (the vocabulary is retrained from the same data and
-settings: the same pieces). An unfinished run restarts from its last checkpoint if its workdir
+the finished runs from there and skips them. The shared vocabulary is mirrored as well
+(<mirror>/vocab/): a root without one takes the mirror's, the pieces the finished runs used
+(each result records its sha256, and one of other pieces is refused). An unfinished run restarts from its last checkpoint if its workdir
 survived, else from scratch.
 
 Old layout: results of the single-seed harness (<root>/<ROW>/result.json, its own vocabulary
@@ -90,6 +91,7 @@ from experiments.table3.runner import (
     legacy_results,
     mirror_of,
     run_one,
+    share_vocab,
     workdir_of,
 )
 from tfm_jax.config import paths
@@ -259,6 +261,8 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
     parallel = DEFAULT_PARALLEL[args.preset] if args.parallel is None else args.parallel
     env = parallel_env(parallel)
     where = dict(root=root, mirror=args.mirror)
+    # the mirror's vocabulary, if the root has none: the finished runs' very pieces
+    share_vocab(run_overrides(args.preset, "base", 0, root, **kw)["data.vocab_path"], **where)
     for key in report_runs:  # what is finished already (here or in the mirror)
         if key not in todo:
             variant, row, seed = key

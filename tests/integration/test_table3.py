@@ -4,6 +4,7 @@ rerun, a changed budget refused, and --find_budget on a run's curve."""
 
 import csv
 import glob
+import hashlib
 import json
 import os
 import sys
@@ -181,6 +182,18 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
                        f"--mirror={mirror}"]) == 0  # fmt: skip
     assert "A1 seed 0: ppl" in capsys.readouterr().out
     assert not list(fresh.rglob("metrics.jsonl"))  # nothing trained
+    # ... and its vocabulary is the mirror's file, the pieces the runs used (not retrained),
+    # whose digest each result records; a root with other pieces is refused
+    (vocab,) = (runs / "vocab").glob("spm_*.model")
+    digest = hashlib.sha256(vocab.read_bytes()).hexdigest()[:16]
+    assert mirrored["vocab_sha256"] == digest
+    assert (mirror / "vocab" / vocab.name).read_bytes() == vocab.read_bytes()
+    assert (fresh / "vocab" / vocab.name).read_bytes() == vocab.read_bytes()
+    other = tmp_path / "other"
+    (other / "vocab").mkdir(parents=True)
+    (other / "vocab" / vocab.name).write_bytes(b"other pieces")
+    with pytest.raises(SystemExit, match=f"trained with the vocabulary of sha256 {digest}"):
+        sweep.main([*common, "--seeds=0", "--rows=A1", f"--root={other}", f"--mirror={mirror}"])
 
     assert sweep.main([f"--find_budget={runs / 'base' / 'seed0'}"]) == 0
     budget = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -170,6 +170,13 @@ def test_plateau_step_on_a_synthetic_curve():
     assert S.plateau_step([]) is None
 
 
+def test_best_point_is_the_lowest_evaluation_earliest_first():
+    assert S.best_point(CURVE) == (700, 2.99)
+    assert S.best_point(CURVE, upto=650) == (600, 2.996)  # read at a step: only what came before
+    assert S.best_point([(300, 2.0), (100, 2.5), (200, 2.0)]) == (200, 2.0)  # a tie: the earlier
+    assert S.best_point([]) is None and S.best_point(CURVE, upto=50) is None
+
+
 def test_late_gain_and_end_over_best():
     # evals every 100 to 1,000: the last 20% starts after step 800; the loss there minus the
     # lowest after it
