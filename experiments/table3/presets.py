@@ -194,10 +194,16 @@ def run_overrides(
         o["train.eval_every_steps"] = int(eval_every)
     elif preset in ("small", "gpu"):  # ten points of each row's dev curve: did it plateau?
         o["train.eval_every_steps"] = max(1, o["train.num_steps"] // 10)
-    if preset in ("small", "gpu"):  # every evaluation a checkpoint, all kept until evaluated
+    if preset in ("small", "gpu"):
+        # every evaluation a checkpoint, all kept until the run is evaluated (the best one is);
+        # and one each 10 minutes between them (only the newest 2 of those kept), so a run cut
+        # off by the machine going away loses at most 10 minutes, not an evaluation interval
+        # (big's is 360 steps: over an hour on the 2-core CPU)
         every = o["train.eval_every_steps"]
         o["train.checkpoint_every_steps"] = every
-        o["train.keep_checkpoints"] = o["train.num_steps"] // every + 2
+        o["train.keep_checkpoint_period"] = every
+        o["train.checkpoint_every_secs"] = 600.0
+        o["train.keep_checkpoints"] = 2
     return o
 
 

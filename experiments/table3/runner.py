@@ -11,8 +11,9 @@ also mirrored into a folder meant to be committed (`mirror`: experiments/results
 name>_runs/ by default): on a new machine a sweep reads a finished run from there and skips it.
 The vocabulary every run shares (<root>/vocab/) is mirrored too, and each result records its
 digest: a new machine takes the mirror's file instead of retraining one, and a result made with
-other pieces than the root's is refused. An interrupted run resumes from its newest checkpoint. A workdir continues only the experiment
-it was started for: its harness.json records the overrides, and other settings are refused.
+other pieces than the root's is refused. An interrupted run resumes from its newest checkpoint
+(one each 10 minutes, beside the evaluations'). A workdir continues only the experiment it was
+started for: its harness.json records the overrides, and other settings are refused.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ CADENCE_KEYS = (
     "train.checkpoint_every_steps",
     "train.checkpoint_every_secs",
     "train.keep_checkpoints",
+    "train.keep_checkpoint_period",
 )
 
 

@@ -320,9 +320,7 @@ def dev_curve(records: list[dict]) -> list[tuple[int, float]]:
     return sorted(curve.items())
 
 
-def best_point(
-    curve: list[tuple[int, float]], upto: int | None = None
-) -> tuple[int, float] | None:
+def best_point(curve: list[tuple[int, float]], upto: int | None = None) -> tuple[int, float] | None:
     """The best evaluation of a dev curve, (step, NLL): the lowest NLL at or before step `upto`
     (all of it by default); on equal NLL the earlier step. None without an evaluation there.
     The one definition of "the best checkpoint" for the runner (which keeps it), the report

@@ -37,8 +37,9 @@ Across machines. Each finished run's result.json is also written to --mirror (de
 experiments/results/<root's name>_runs/, the folder to commit); a sweep on a new machine reads
 the finished runs from there and skips them. The shared vocabulary is mirrored as well
 (<mirror>/vocab/): a root without one takes the mirror's, the pieces the finished runs used
-(each result records its sha256, and one of other pieces is refused). An unfinished run restarts from its last checkpoint if its workdir
-survived, else from scratch.
+(each result records its sha256, and one of other pieces is refused). An unfinished run
+restarts from its last checkpoint (one each 10 minutes) if its workdir survived, else from
+scratch.
 
 Old layout: results of the single-seed harness (<root>/<ROW>/result.json, its own vocabulary
 per row) are not read; the script names any it finds and leaves them alone.

@@ -46,7 +46,8 @@ def test_small_preset_takes_its_data_settings_from_configs_small():
 def test_the_committed_small_runs_are_what_the_small_preset_starts():
     """Every committed (row, seed) result of the small sweep was started with what the preset
     gives now (keys and flag order; every value but how often it saves checkpoints, which
-    decides nothing it learns), so those runs stay reproducible and a sweep skips them."""
+    decides nothing it learns, nor a checkpoint key added since), so those runs stay
+    reproducible and a sweep skips them."""
     found = glob.glob(os.path.join(REPO, "experiments", "results", "table3_small_s1200_runs",
                                    "*", "seed*", "result.json"))  # fmt: skip
     assert found
@@ -58,9 +59,11 @@ def test_the_committed_small_runs_are_what_the_small_preset_starts():
         now = presets.run_overrides(
             "small", r["row"], r["seed"], root, data_dir=recorded["data.dir"]
         )
-        assert list(now) == list(recorded), path
+        added = [k for k in now if k not in recorded]  # train.keep_checkpoint_period
+        assert set(added) <= set(runner.CADENCE_KEYS), (path, added)
+        assert [k for k in now if k in recorded] == list(recorded), path
         assert runner._substance(now) == runner._substance(recorded), path
-        changed = {k for k in now if now[k] != recorded[k]}
+        changed = {k for k in recorded if now[k] != recorded[k]}
         assert changed <= set(runner.CADENCE_KEYS), (path, changed)
 
 
@@ -76,8 +79,10 @@ def test_budget_seed_and_vocabulary_per_run():
     assert a["train.eval_every_steps"] == 120 and b["train.eval_every_steps"] == 25
     assert runner.workdir_of("/r", "A1", 1) == "/r/A1/seed1"
     assert runner.workdir_of("/r", "A1", 1, "f50") == "/r/variants/f50/A1/seed1"
-    # every dev evaluation is a checkpoint, all kept until the run is evaluated at its best
-    assert a["train.checkpoint_every_steps"] == 120 and a["train.keep_checkpoints"] == 12
+    # every dev evaluation is a checkpoint, all kept until the run is evaluated at its best; and
+    # one each 10 minutes between them (the newest 2 kept): a lost machine costs <= 10 minutes
+    assert a["train.checkpoint_every_steps"] == a["train.keep_checkpoint_period"] == 120
+    assert a["train.checkpoint_every_secs"] == 600.0 and a["train.keep_checkpoints"] == 2
     # a variant: its own overrides and budget, the main sweep's vocabulary
     f50 = presets.run_overrides("small", "D0.2", 0, "/r", variant="f50")
     s2400 = presets.run_overrides("small", "C8", 1, "/r", variant="s2400")

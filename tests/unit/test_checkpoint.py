@@ -133,6 +133,16 @@ def test_keeps_last_k(tmp_path):
         assert ckpt.latest_step() == 4
 
 
+def test_keep_period_keeps_its_multiples_beyond_the_last_k(tmp_path):
+    # evaluations every 4 steps, time-based saves between them: the evaluations' all stay (the
+    # best is chosen at the end), of the others only the newest 2
+    _save_steps(tmp_path, [1, 2, 4, 5, 6, 7, 8, 9, 10], keep=2, keep_period=4)
+    with _ckpt(tmp_path, keep=2, keep_period=4) as ckpt:
+        assert ckpt.all_steps() == [4, 8, 9, 10]
+    with pytest.raises(ValueError, match="keep_period must be >= 0"):
+        _ckpt(tmp_path, keep_period=-1)
+
+
 def test_every_steps(tmp_path):
     state = _make_state(0)
     with _ckpt(tmp_path, every_steps=2, async_save=False) as ckpt:

@@ -114,7 +114,8 @@ class Checkpointer:
     """Saves the TrainState, data position and config every N steps and/or every T seconds.
 
     Paper §6: checkpoints were written at 10-minute intervals and the last 5 (base) or 20
-    (big) averaged, so `keep` must be at least the `--last` used for averaging.
+    (big) averaged, so `keep` must be at least the `--last` used for averaging. Steps that are
+    multiples of `keep_period` (if > 0) are kept as well, beyond the newest `keep`.
 
     `step` arguments are Python ints equal to `state.step` (updates applied to `state`); pass
     them from the host loop counter so checking whether to save never syncs with the device.
@@ -127,6 +128,7 @@ class Checkpointer:
         every_steps: int,
         every_secs: float,
         keep: int,
+        keep_period: int = 0,
         async_save: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -137,6 +139,10 @@ class Checkpointer:
             )
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (checkpoints to keep), got {keep}")
+        if keep_period < 0:
+            raise ValueError(
+                f"keep_period must be >= 0 (0: just the newest `keep`), got {keep_period}"
+            )
         self.directory = layout.checkpoints_dir(workdir)
         self._every_steps = int(every_steps)
         self._every_secs = float(every_secs)
@@ -147,6 +153,8 @@ class Checkpointer:
             item_names=layout.CHECKPOINT_ITEMS,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
+                # and every checkpoint whose step is a multiple of keep_period, however old
+                keep_period=keep_period or None,
                 # We decide when to save (time-based as well) and pass force=True.
                 save_interval_steps=1,
                 enable_async_checkpointing=async_save,

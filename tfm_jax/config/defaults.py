@@ -67,6 +67,10 @@ def default_config() -> ml_collections.ConfigDict:
     cfg.train.checkpoint_every_steps = 0  # 0 = only by wall clock
     cfg.train.checkpoint_every_secs = 600.0  # §6.1 "checkpoints written at 10-minute intervals"
     cfg.train.keep_checkpoints = 20  # big models average the last 20 (§6.1)
+    # Also kept, beyond the newest keep_checkpoints: every checkpoint whose step is a multiple
+    # of this (0 = none), e.g. each evaluation's, so the best one can be chosen at the end while
+    # time-based saves between them are pruned.
+    cfg.train.keep_checkpoint_period = 0
     cfg.train.average_last = 5  # §6.1 base averages the last 5 checkpoints
     # One writer per workdir (tfm_jax/platform/lease.py): a run renews <workdir>/train.lease
     # every ttl/4; a lease not renewed for ttl seconds (a lost node) is stale and taken over.

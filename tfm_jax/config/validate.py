@@ -102,6 +102,7 @@ RANGES: dict[str, Range] = {
     "train.checkpoint_every_steps": Range(lo=0, what="0 = by wall clock only"),
     "train.checkpoint_every_secs": Range(lo=0.0, what="0 = by step count only"),
     "train.keep_checkpoints": _POSITIVE,
+    "train.keep_checkpoint_period": Range(lo=0, what="0 = keep only the newest keep_checkpoints"),
     "train.lease_ttl_secs": Range(lo=1.0, what="seconds a dead run's lease blocks the workdir"),
     "train.lease_wait_secs": Range(lo=0.0, what="0 = refuse at once if the workdir is in use"),
     "train.average_last": _POSITIVE,

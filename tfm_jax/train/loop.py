@@ -132,6 +132,7 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
         every_steps=cfg.train.checkpoint_every_steps,
         every_secs=cfg.train.checkpoint_every_secs,
         keep=cfg.train.keep_checkpoints,
+        keep_period=cfg.train.keep_checkpoint_period,
     )
     try:
         restored = ckpt.restore_latest(trainer.abstract_state)

@@ -39,6 +39,7 @@ SAFE_KEYS = (
     "train.checkpoint_every_steps",
     "train.checkpoint_every_secs",
     "train.keep_checkpoints",
+    "train.keep_checkpoint_period",
     "train.average_last",
     "train.profile_steps",
     "train.lease_ttl_secs",
