@@ -99,9 +99,9 @@ def share_vocab(vocab_path: str, root: str, mirror: str | None) -> None:
     """One vocabulary for the sweep on every machine: a root without it takes the mirror's copy
     (the very pieces the mirrored results were trained with), and a mirror without it gets the
     root's once it exists."""
-    if not mirror:
+    copy = _mirror_path(mirror, root, vocab_path)
+    if copy is None:
         return
-    copy = os.path.join(mirror, os.path.relpath(vocab_path, root))
     if not storage.exists(vocab_path) and os.path.exists(copy):
         storage.makedirs(os.path.dirname(vocab_path))
         storage.write_bytes(vocab_path, storage.read_bytes(copy))
@@ -112,8 +112,11 @@ def share_vocab(vocab_path: str, root: str, mirror: str | None) -> None:
 
 def _check_vocab(where: str, result: dict, vocab_path: str) -> None:
     """A result counts only for the vocabulary it was trained with (when it recorded one)."""
-    recorded, here = result.get("vocab_sha256"), vocab_digest(vocab_path)
-    if recorded and here and recorded != here:
+    recorded = result.get("vocab_sha256")
+    if not recorded:  # made before results recorded it
+        return
+    here = vocab_digest(vocab_path)
+    if here and recorded != here:
         raise SystemExit(
             f"{where}/result.json was trained with the vocabulary of sha256 {recorded}, but "
             f"{vocab_path} is {here}: its rows would be compared on other tokens. Copy the "
