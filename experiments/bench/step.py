@@ -2,8 +2,10 @@
 the compile's lowering and XLA times, for variants compiled up front and timed round-robin (so
 that their ratios see the same load on a shared machine).
 
-The FLOPs are the training log's own count (trainer.step_flops: XLA's, else model/flops.py's),
-so the benchmark's MFU and a run's flops_per_s measure the same thing.
+The FLOPs are the training log's own count, the model FLOPs of model/flops.py (the analytic matmul
+count, PaLM's MFU numerator), so the benchmark's MFU and a run's flops_per_s measure the same
+thing on every backend; XLA's count is recorded beside it (xla_flops), a cross-check that
+XLA:GPU fails (53% of the base step's matmuls on an H200).
 """
 
 import os
@@ -49,9 +51,8 @@ class StepCase:
         )
         self.compiled, self.lower_s, self.compile_s = step.executable, step.lower_s, step.compile_s
         progress(f"{name}: compiled in {self.compile_s:.1f} s")
-        # the training log's own count (trainer.step_flops: XLA's, else model/flops.py's), so the
-        # benchmark's MFU and a run's flops_per_s measure the same FLOPs
-        self.flops = step.flops
+        # the training log's own count (model/flops.py's model FLOPs), and XLA's beside it
+        self.flops, self.xla_flops = step.flops, step.xla_flops
         mem = self.compiled.memory_analysis()
         # XLA:CPU's peak_memory_in_bytes leaves out the temporaries (activations kept for the
         # backward pass, the logits): the step holds its arguments (donated, so aliased to the
@@ -130,6 +131,7 @@ class StepCase:
             "page_faults": int(median(self.page_faults)),
             "model_flops": self.flops,
             "matmul_flops_analytic": matmul_flops(m, batch, src_len, tgt_len),
+            "xla_flops": self.xla_flops or None,  # XLA's count (elementwise too), where it has one
             "achieved_flops": self.flops / step_s,
             # median achieved / median peak of the samples taken between steps; mfu_paired is the
             # median of per-rep ratios (noisier when steps are much longer than a peak sample)

@@ -66,7 +66,9 @@ def test_peak_and_train_step_variants():
         assert (compiled["lower_s"], compiled["compile_s"]) == (r["lower_s"], r["compile_s"])
         assert r["target_tokens"] == 64
         assert r["tokens_per_s"] == pytest.approx(64 / r["step_s"])
-        assert r["model_flops"] >= r["matmul_flops_analytic"] * 0.9  # cost analysis sees all dots
+        # MFU's FLOPs are the analytic count; XLA:CPU's own count sees every dot and a little more
+        assert r["model_flops"] == pytest.approx(r["matmul_flops_analytic"])
+        assert r["model_flops"] * 0.9 <= r["xla_flops"] <= r["model_flops"] * 1.5
         assert len(r["step_s_all"]) == 2
     # bf16 compute starts from the same float32 weights: the first loss agrees loosely
     f32, bf16 = out[("train_step", "small/f32")], out[("train_step", "small/bf16")]

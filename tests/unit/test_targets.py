@@ -138,12 +138,11 @@ class _Cost:
         return None if self.flops is None else [{"flops": self.flops}]
 
 
-def test_step_flops_are_xla_s_unless_it_has_none_or_the_stack_is_scanned():
+def test_xla_flops_are_the_whole_program_s_else_the_compiled_per_device_count():
     from tfm_jax.train import trainer
 
     # whole-program count (lowered) first; the compiled one is per device
-    assert trainer.step_flops(_Cost(120.0), _Cost(1.0), 8, analytic=100.0) == 120.0
-    assert trainer.step_flops(_Cost(None), _Cost(15.0), 8, analytic=100.0) == 120.0
-    # XLA:GPU: no count at all; a scanned stack: the loop body counted once
-    assert trainer.step_flops(_Cost(None), _Cost(None), 8, analytic=100.0) == 100.0
-    assert trainer.step_flops(_Cost(40.0), _Cost(5.0), 8, analytic=100.0, scanned=True) == 100.0
+    assert trainer.xla_flops(_Cost(120.0), _Cost(1.0), 8) == 120.0
+    assert trainer.xla_flops(_Cost(None), _Cost(15.0), 8) == 120.0
+    assert trainer.xla_flops(_Cost(None), _Cost(None), 8) == 0.0
+    assert trainer.xla_flops(_Cost(0.0), _Cost(0.0), 8) == 0.0

@@ -263,8 +263,8 @@ def compile_for_shape(
 
     Compilation is explicit (not the jitted step's first call) so that its cost is a number in
     the log and in metrics.jsonl: `{"kind": "compile", "step": the first step of this shape,
-    "shape": inputs' shape + targets' shape, "lower_s", "compile_s", "flops",
-    "compilation_cache"}`.
+    "shape": inputs' shape + targets' shape, "lower_s", "compile_s", "flops" (model FLOPs of a
+    step, model/flops.py's), "xla_flops" (XLA's count, a cross-check), "compilation_cache"}`.
     """
     compiled = trainer.compile_train_step(state, batch)
     log.info(
@@ -280,7 +280,8 @@ def compile_for_shape(
             "shape": list(shape),
             "lower_s": compiled.lower_s,
             "compile_s": compiled.compile_s,
-            "flops": compiled.flops,
+            "flops": compiled.flops,  # model FLOPs (the analytic count); XLA's beside
+            "xla_flops": compiled.xla_flops or None,
             # with JAX's persistent cache (platform.compilation_cache), compile_s may be a read
             "compilation_cache": jax.config.jax_compilation_cache_dir or None,
         },

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,8 +24,6 @@ from tfm_jax.model import flops, losses, scoring, sharding
 from tfm_jax.model.scoring import Batch
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.train import optim, prng
-
-log = logging.getLogger(__name__)
 
 
 @flax.struct.dataclass
@@ -77,9 +74,14 @@ class CompiledStep:
     """
 
     executable: jax.stages.Compiled
-    flops: float  # one step, all devices: XLA's count, else the analytic one
+    # one step, all devices: model FLOPs, model/flops.py's matmul count (MFU's numerator, the
+    # same on every backend, scanned or not)
+    flops: float
     lower_s: float  # tracing + lowering to HLO
     compile_s: float  # XLA's compilation alone
+    # XLA's own count (elementwise work too), a cross-check; 0.0 where it has none or the stack
+    # is scanned (a while loop's body is counted once)
+    xla_flops: float = 0.0
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
         return self.executable(state, batch)
@@ -90,7 +92,11 @@ def xla_flops(lowered: jax.stages.Lowered, compiled: jax.stages.Compiled, device
 
     Lowered.cost_analysis is the whole program's, before partitioning; it is None where the
     backend is a PJRT plugin or the devices are compile-only: there the compiled program's count
-    is used, which is per device (the SPMD-partitioned program). XLA:GPU gives neither.
+    is used, which is per device (the SPMD-partitioned program).
+
+    Not the model FLOPs: on an H200 (JAX 0.11.2, bf16) XLA:GPU counted 53% of the base step's
+    matmuls and 62% of big's (experiments/results/gpu_check_20261204.md); XLA:CPU counts them all
+    plus the elementwise work.
     """
     for cost, scale in ((lowered, 1), (compiled, devices)):
         try:
@@ -101,27 +107,6 @@ def xla_flops(lowered: jax.stages.Lowered, compiled: jax.stages.Compiled, device
         if got and float(got.get("flops", 0.0)) > 0:
             return float(got["flops"]) * scale
     return 0.0
-
-
-def step_flops(
-    lowered: jax.stages.Lowered,
-    compiled: jax.stages.Compiled,
-    devices: int,
-    analytic: float = 0.0,
-    scanned: bool = False,
-) -> float:
-    """Model FLOPs of one step: XLA's count, else `analytic` (model/flops.py's), never 0 for a
-    step with work in it.
-
-    scanned: the layers run as one loop (model.scan_layers). XLA's cost analysis counts a while
-    loop's body once, so it misses every layer after the first: the analytic count is used.
-    """
-    counted = 0.0 if scanned and analytic else xla_flops(lowered, compiled, devices)
-    if counted:
-        return counted
-    if not analytic:
-        log.warning("no FLOP count for the train step")
-    return float(analytic)
 
 
 def batch_flops(cfg: ml_collections.ConfigDict, batch: Batch) -> float:
@@ -179,14 +164,11 @@ class Trainer:
             report(f"lowered in {lowered_at - start:.1f} s; compiling")
             compiled = lowered.compile(compiler_options=compiler_options or None)
             done = time.perf_counter()
-        flops = step_flops(
-            lowered,
-            compiled,
-            self.mesh.devices.size,
-            batch_flops(self.cfg, batch),
-            scanned=bool(self.cfg.model.scan_layers),
+        scanned = bool(self.cfg.model.scan_layers)
+        counted = 0.0 if scanned else xla_flops(lowered, compiled, self.mesh.devices.size)
+        return CompiledStep(
+            compiled, batch_flops(self.cfg, batch), lowered_at - start, done - lowered_at, counted
         )
-        return CompiledStep(compiled, flops, lowered_at - start, done - lowered_at)
 
     def eval_step(self, params, batch: Batch):
         with self.context():
