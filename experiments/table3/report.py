@@ -5,6 +5,7 @@ the runs' result.json files; the statistics and the protocol are in stats.py.
 
 from __future__ import annotations
 
+import collections
 import csv
 import math
 import os
@@ -143,6 +144,17 @@ def at_best_checkpoint(result: dict) -> dict:
     )
 
 
+def machines_line(results: list[dict]) -> str:
+    """Which machines trained the runs (a run's numbers depend on its arithmetic: bf16 products
+    round differently on each), most runs first."""
+    counts = collections.Counter(r.get("platform") for r in results)
+    unknown = counts.pop(None, 0)
+    parts = [f"{n} on {name}" for name, n in counts.most_common()]
+    if unknown:
+        parts.append(f"{unknown} not recorded (made before results recorded their machine)")
+    return f"Machines, {len(results)} runs: " + "; ".join(parts) + "."
+
+
 def row_summaries(results: list[dict], rows: list[str]) -> list[dict]:
     """Per row: the runs (by seed), mean and sd of PPL and BLEU, and each run's dev-curve
     diagnostics (late gain, end over best)."""
@@ -217,13 +229,14 @@ def write_table(
         w = csv.writer(f)
         w.writerow(["row", "seed", "ppl", "best_step", "ppl_latest", "bleu", "bleu_tok_compound",
                     "params", "plateau_step", "late_gain_nats", "end_over_best_pct",
-                    "train_seconds", "eval_seconds"])  # fmt: skip
+                    "train_seconds", "eval_seconds", "platform"])  # fmt: skip
         for s in rows:
             for r, gain, rise in zip(s["runs"], s["late_gain"], s["end_over_best"], strict=True):
                 w.writerow([r["row"], r.get("seed", 0), r["ppl"], r.get("best_step"),
                             r.get("ppl_latest"), r["bleu"], r.get("bleu_tok_compound"),
                             r["params"], r.get("plateau_step"), gain, rise,
-                            r.get("train_seconds"), r.get("eval_seconds")])  # fmt: skip
+                            r.get("train_seconds"), r.get("eval_seconds"),
+                            r.get("platform")])  # fmt: skip
 
     md_header = ["row", *COLUMNS, "n", "PPL (dev)", "BLEU (dev)", "plateau step",
                  "late gain (nats)", "end vs best PPL", "params (M)", "paper PPL", "paper BLEU",
@@ -285,6 +298,8 @@ def write_table(
         "that trains slower than base is judged early). End vs best PPL: the end-of-budget dev "
         "PPL over the best evaluation's, mean over seeds (above 0: dev loss rose after its best, "
         "the row over-fits within the budget).",
+        "",
+        machines_line(everything),
         "",
         "| " + " | ".join(md_header) + " |",
         "|" + "---|" * len(md_header),

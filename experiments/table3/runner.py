@@ -28,7 +28,7 @@ from experiments.table3 import stats
 from experiments.table3.commands import local_log, run_cmd, save_log
 from experiments.table3.presets import cli_args, run_overrides
 from tfm_jax.checkpoint import layout
-from tfm_jax.platform import storage
+from tfm_jax.platform import host, storage
 from tfm_jax.viz.curves import read_metrics
 
 # Overrides that change how often a run logs, evaluates or saves, not what it learns: a finished
@@ -216,6 +216,7 @@ def run_one(
         "bleu_tok_compound": at_best.get("bleu_tok_compound"),
         "params": next(iter(params.values()))["params"],
         "vocab_sha256": vocab_digest(overrides["data.vocab_path"]),
+        "platform": platform_of_log(log_path),  # the sweep mixes machines: which ran this one
         "dev_curve": curve,  # (step, dev NLL) of the evaluations during training
         "plateau_step": stats.plateau_step(curve),
         "train_seconds": round(train_s, 1),
@@ -231,6 +232,20 @@ def run_one(
         storage.write_text(storage.join(mirror_dir, "result.json"), text)
         share_vocab(overrides["data.vocab_path"], root, mirror)
     return result
+
+
+def platform_of_log(log_path: str) -> str | None:
+    """Where the run trained, from its log's header ("platform: gpu (NVIDIA H200), process 0 of
+    1, ..." -> "gpu (NVIDIA H200)"), with the host's processor for a CPU run (its ISA decides
+    the bf16 arithmetic); None where the log has no header."""
+    found = None
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            if "platform: " in line:
+                found = line.split("platform: ", 1)[1].split(", process")[0].strip()
+    if found and found.startswith("cpu"):
+        found = f"cpu ({host.cpu_model() or 'unknown processor'})"
+    return found
 
 
 def _evaluate(workdir: str, checkpoint: str, log_path: str, env: dict | None) -> dict:

@@ -15,6 +15,7 @@ from helpers.runs import write_tiny_corpus
 
 from experiments.table3 import commands, presets, runner, sweep
 from experiments.table3.presets import TABLE3
+from tfm_jax.platform import host as hostenv
 
 
 def test_small_preset_scales_every_row_alike():
@@ -119,6 +120,8 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     assert result["seed"] == 0 and result["overrides"]["train.seed"] == 0
     assert [s for s, _ in result["dev_curve"]] == [5]  # micro evaluates at the end only
     assert os.path.exists(result["overrides"]["data.vocab_path"])  # shared, under the root
+    # the machine that trained it, from the train log's header: the sweep mixes machines
+    assert result["platform"] == f"cpu ({hostenv.cpu_model() or 'unknown processor'})"
     md = (out / "table3_micro.md").read_text()
     assert "## Protocol" in md and "- Seeds: 0 for every row." in md
     assert "Scale: a few steps" in md and "| base |" in md and "paper BLEU" in md
@@ -126,6 +129,7 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     assert "0 of 14 comparisons reproduced or tied as in the paper" in md
     assert "1 inconclusive (within noise), 13 not run" in md
     assert "| 9 | D0.0 vs base | worse (+17.3%) |" in md
+    assert f"Machines, 2 runs: 2 on {result['platform']}." in md
 
     # rerun with a second seed: the seed-0 runs are read back, not retrained
     stamps = {r: os.path.getmtime(runs / r / "seed0" / "result.json") for r in ("base", "D0.0")}

@@ -164,6 +164,15 @@ def test_cpu_bf16_support_is_read_from_the_cpuinfo_flags():
     assert hostenv.cpu_has_bf16() in (True, False, None)  # this machine's own file
 
 
+def test_cpu_model_names_the_processor_and_its_bf16():
+    # what decides a CPU run's bits, recorded with each Table 3 result
+    assert hostenv.cpu_model(ZEN3_CPUINFO) == "AMD EPYC, no bf16"
+    zen4 = "model name\t: AMD EPYC  9R14 96-Core\nflags\t: avx512f avx512_bf16\n"
+    assert hostenv.cpu_model(zen4) == "AMD EPYC 9R14 96-Core, bf16"
+    assert hostenv.cpu_model(XEON_CPUINFO) is None  # no model name line
+    assert hostenv.cpu_model("model name\t: X\n") == "X, bf16 unknown"
+
+
 def test_bf16_warning_only_for_bf16_on_a_cpu_without_it():
     msg = hostenv.bf16_warning("bfloat16", "cpu", has_bf16=False)
     assert "without bf16 instructions" in msg and "--config.model.dtype=float32" in msg

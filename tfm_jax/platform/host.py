@@ -193,25 +193,40 @@ def memory_warning(rss: int, limit: int | None, tunables: bool) -> str | None:
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def _read_cpuinfo(cpuinfo: str | None) -> str | None:
+    if cpuinfo is not None:
+        return cpuinfo
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
     """Whether this CPU multiplies bf16 in hardware, from /proc/cpuinfo's flags; None: unknown.
 
     cpuinfo: the file's text (tests pass their own); None reads /proc/cpuinfo.
     """
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return None
     flags: set[str] = set()
-    for line in cpuinfo.splitlines():
+    for line in (_read_cpuinfo(cpuinfo) or "").splitlines():
         key, _, value = line.partition(":")
         if key.strip().lower() in ("flags", "features"):  # x86 "flags", Arm "Features"
             flags.update(value.split())
     if not flags:
         return None
     return bool(flags & BF16_CPU_FLAGS)
+
+
+def cpu_model(cpuinfo: str | None = None) -> str | None:
+    """The processor's name and whether it has bf16 arithmetic ("AMD EPYC 9R14, bf16"), the two
+    things that decide a CPU run's bits; None where /proc/cpuinfo names no model."""
+    for line in (_read_cpuinfo(cpuinfo) or "").splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "model name" and value.strip():
+            bf16 = {True: "bf16", False: "no bf16", None: "bf16 unknown"}[cpu_has_bf16(cpuinfo)]
+            return f"{' '.join(value.split())}, {bf16}"
+    return None
 
 
 def bf16_warning(dtype: str, backend: str, has_bf16: bool | None) -> str | None:
