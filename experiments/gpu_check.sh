@@ -129,36 +129,11 @@ step() {  # step NAME LIMIT_S COMMAND...: one piece under its own timeout; a fai
 }
 
 # --- set-up ---------------------------------------------------------------------------------
-PY=$(command -v "${PYTHON:-python3}") || { echo "no ${PYTHON:-python3} on PATH" >&2; exit 1; }
-# quickstart.sh calls `python`. A `python` symlink to a virtualenv's python3 (the image's is
-# /opt/torch/.venv/bin/python3) would start outside that virtualenv, without its packages: a
-# script that execs the real path keeps it.
-printf '#!/bin/sh\nexec "%s" "$@"\n' "$PY" >"$WORK/bin/python"
-chmod +x "$WORK/bin/python"
-export PATH="$WORK/bin:$PATH"
-export PYTHONUNBUFFERED=1
+# shellcheck source=experiments/device_env.sh
+. experiments/device_env.sh
+device_python "$WORK" || exit 1
 say "mode $MODE, budget ${BUDGET} s, results in $RESULTS, python $PY"
-
-missing=()  # wheels of the modules that do not import (experiments/gpu_wheels.sh made them)
-for module in ml_collections sacremoses tensorboardX; do
-  "$PY" -c "import $module" 2>/dev/null && continue
-  shopt -s nullglob nocaseglob
-  wheel=(experiments/wheels/"$module"-*.whl)
-  shopt -u nullglob nocaseglob
-  if (( ${#wheel[@]} != 1 )); then
-    say "$module does not import and experiments/wheels has no wheel of it:" \
-      "run experiments/gpu_wheels.sh where pip works, and carry experiments/wheels"
-    FAILED=$(( FAILED + 1 ))
-    finish
-  fi
-  missing+=("${wheel[0]}")
-done
-if (( ${#missing[@]} )); then
-  say "installing ${missing[*]}"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" \
-    "${missing[@]}" >&2 || { say "the wheels did not install"; FAILED=$(( FAILED + 1 )); finish; }
-  export PYTHONPATH="$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+device_wheels "$WORK" || { FAILED=$(( FAILED + 1 )); finish; }
 
 GPU_NAME=""
 if [[ $MODE == gpu ]]; then

@@ -35,6 +35,9 @@ class Experiment:
     runs: tuple[tuple[str | None, tuple[str, ...], tuple[int, ...]], ...]  # (variant, rows, seeds)
     prediction: str
     refuted_if: str
+    # the main sweep's rows (seeds 0, 1) its rule compares its runs with: it is judged once
+    # they are finished too (a sweep running beside it may not have finished them yet)
+    reads: tuple[str, ...] = ()
 
 
 SEEDS = (0, 1)
@@ -49,6 +52,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         "E-std1 (the learned table at std 1) vs base: the mean gap falls by more than "
         f"{FLOOR:g} points from E's and to at most half of E's",
         f"the gap falls by less than {FLOOR / 2:g} points from E's",
+        reads=("base", "E"),
     ),
     Experiment(
         "heads",
@@ -61,6 +65,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         "better than base, H8K32 worse, both real)",
         "two or more of the four same-d_k pairs differ really, or a same-h pair differs really "
         "the other way",
+        reads=("base", "A4", "A16"),
     ),
     Experiment(
         "seed3",
@@ -72,6 +77,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         "still real, in the same direction",
         "Cff4096 becomes real, or a tie comparison's difference stops being real with its "
         f"mean inside {FLOOR:g}%",
+        reads=("base", "Cff1024", "Cff4096", "C1024", "A16", "C8", "D0.2", "E"),
     ),
     Experiment(
         "budget",
@@ -96,6 +102,7 @@ EXPERIMENTS: tuple[Experiment, ...] = (
         f"than on all of them, and the 50% gap is not nearer than all's by more than "
         f"{FLOOR / 2:g}",
         f"on 25% the gap is less than {FLOOR / 2:g} points further from the paper's (or nearer)",
+        reads=("base", "D0.2", "Dls0.0", "C1024"),
     ),
 )
 BY_NAME = {e.name: e for e in EXPERIMENTS}
@@ -155,9 +162,8 @@ def _ref_of(row: str) -> str:
     return next(c.ref for c in stats.PROTOCOL if c.row == row)
 
 
-def _missing(results: list[dict], experiment: Experiment) -> list[str]:
+def _missing(results: list[dict], need: list[tuple[str | None, str, int]]) -> list[str]:
     have = {(r.get("variant"), r["row"], int(r["seed"])) for r in results}
-    need = run_list([experiment.name])
     return [
         f"{v + '/' if v else ''}{row} seed {s}" for v, row, s in need if (v, row, s) not in have
     ]
@@ -165,7 +171,7 @@ def _missing(results: list[dict], experiment: Experiment) -> list[str]:
 
 def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | None) -> dict:
     """{"outcome": supported | refuted | inconclusive | pending, "details": [lines]}."""
-    missing = _missing(results, experiment)
+    missing = _missing(results, run_list([experiment.name]))
     if missing:
         done = len(run_list([experiment.name])) - len(missing)
         return {
@@ -173,6 +179,12 @@ def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | No
             "details": [
                 f"{done} of {done + len(missing)} runs finished; to run: {', '.join(missing)}"
             ],
+        }
+    unread = _missing(results, [(None, row, s) for row in experiment.reads for s in SEEDS])
+    if unread:
+        return {
+            "outcome": PENDING,
+            "details": [f"its runs are finished; the sweep's to finish: {', '.join(unread)}"],
         }
     return RULES[experiment.name](results, noise)
 

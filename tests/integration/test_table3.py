@@ -7,7 +7,9 @@ import glob
 import hashlib
 import json
 import os
+import subprocess
 import sys
+import tarfile
 
 import pytest
 from helpers import REPO
@@ -322,3 +324,52 @@ def test_mirror_none_turns_the_mirror_off(monkeypatch, tmp_path):
     assert seen.pop("mirror") is None
     sweep.main(common)  # the default: the committed folder named after the root
     assert seen.pop("mirror") == os.path.join(REPO, "experiments", "results", "r_runs")
+
+
+def _device_script(tmp_path, name, **env):
+    """experiments/table3_device.sh in its CPU mode (the micro preset) into tmp_path/name."""
+    work = tmp_path / name
+    env = {**os.environ, "PYTHON": sys.executable, "TABLE3_DEVICE_MODE": "cpu",
+           "TABLE3_DEVICE_WORK": str(work), "TABLE3_DEVICE_PARALLEL": "2,2", **env}  # fmt: skip
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        ["bash", os.path.join(REPO, "experiments", "table3_device.sh")], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    with tarfile.open(work / "results.tgz") as tar:
+        names = sorted(m.name for m in tar.getmembers() if m.isfile())
+    return proc, work, names
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_device_script_trains_what_is_missing_and_brings_back_what_finished(tmp_path):
+    corpus = str(write_tiny_corpus(tmp_path / "corpus", n_train=600, n_val=16))
+    # both sweeps side by side: the rows' (base, A1 seed 0) and the explanations' (E: E-std1)
+    proc, work, names = _device_script(tmp_path, "first", TABLE3_DEVICE_DATA=corpus)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert names == ["./A1/seed0/result.json", "./E-std1/seed0/result.json",
+                     "./E-std1/seed1/result.json", "./base/seed0/result.json"]  # fmt: skip
+    log = (work / "log.txt").read_text()
+    for run in ("base seed 0", "A1 seed 0", "E-std1 seed 0", "E-std1 seed 1"):
+        assert log.count(f"] {run}: ppl ") == 1, log  # each finished run's line, once
+    assert "finished 4 run(s)" in log
+    result = json.loads((work / "mirror" / "A1" / "seed0" / "result.json").read_text())
+    assert result["platform"].startswith("cpu (")
+
+    # another machine with that mirror (the committed results): nothing is trained again
+    proc, again, names = _device_script(
+        tmp_path, "again", TABLE3_DEVICE_DATA=corpus, TABLE3_DEVICE_MIRROR=str(work / "mirror")
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert names == [] and not list((again / "root").rglob("metrics.jsonl"))
+
+    # the budget stops both sweeps and every run under them; what finished still comes back
+    proc, cut, names = _device_script(
+        tmp_path, "cut", TABLE3_DEVICE_DATA=corpus, TABLE3_DEVICE_BUDGET_S="25"
+    )
+    assert proc.returncode == 1
+    assert "budget: stopping the sweeps" in (cut / "log.txt").read_text()
+    assert names == []  # nothing finishes in 5 s
+    left = subprocess.run(["pgrep", "-f", str(cut / "root")], capture_output=True, text=True)
+    assert left.stdout == "", left.stdout  # no run goes on training

@@ -465,6 +465,12 @@ def test_explanation_outcomes_by_their_registered_rules():
     assert X.outcome(exp, base + e + std1(10.2), noise)["outcome"] == X.SUPPORTED  # +2%
     assert X.outcome(exp, base + e + std1(10.55), noise)["outcome"] == X.REFUTED  # +5.5%
     assert X.outcome(exp, base + e + std1(10.4), noise)["outcome"] == X.INCONCLUSIVE  # +4%
+    # its own runs finished before the runs it compares with (a sweep running beside it): pending,
+    # naming them, not a rule computed on half the runs
+    early = X.outcome(exp, base[:1] + std1(10.2), noise)
+    assert early["outcome"] == X.PENDING
+    assert early["details"] == ["its runs are finished; the sweep's to finish: base seed 1, "
+                                "E seed 0, E seed 1"]  # fmt: skip
 
     # heads: same d_k ties, same h differs as predicted -> supported; two same-d_k pairs real
     # -> refuted
