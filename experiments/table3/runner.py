@@ -51,11 +51,15 @@ def workdir_of(root: str, row: str, seed: int, variant: str | None = None) -> st
 
 def _where(path: str) -> str:
     """A local path as the same file on another machine would be named: the vocabulary under
-    the sweep's root by its place there, data beside the checkout (../shared) by its place
-    beside it; anything else by its real path."""
+    the sweep's root by its place there, data in a shared/ folder (the project's data beside
+    its checkout: ../shared) by its place in it, wherever the recording machine kept that
+    folder; other data beside the checkout by its place beside it; anything else by its real
+    path."""
     real = os.path.realpath(path)
     if os.sep + "vocab" + os.sep in real:  # <root>/vocab/spm_N.model: the root's own
         return "<root>" + real[real.rindex(os.sep + "vocab" + os.sep) :]
+    if os.sep + "shared" + os.sep in real:  # /work/shared/data/x and /home/u/shared/data/x alike
+        return "<shared>" + real[real.rindex(os.sep + "shared" + os.sep) + len("/shared") :]
     beside = os.path.dirname(os.path.realpath(REPO))
     if real.startswith(beside + os.sep):
         return "<beside checkout>" + real[len(beside) :]

@@ -97,7 +97,12 @@ def test_budget_seed_and_vocabulary_per_run():
     here = dict(a, **{"data.dir": os.path.join(REPO, "..", "shared", "data", "multi30k")})
     there = dict(here, **{"data.vocab_path": "/elsewhere/runs/x/vocab/spm_8000.model"})
     assert runner._substance(here) == runner._substance(there)
-    assert runner._substance(here)["data.dir"] == "<beside checkout>/shared/data/multi30k"
+    assert runner._substance(here)["data.dir"] == "<shared>/data/multi30k"
+    # ... and a result recorded in another machine's checkout (its own ../shared) is the same run
+    elsewhere = dict(there, **{"data.dir": "/home/u/tfm_jax/../shared/data/multi30k"})
+    assert runner._substance(elsewhere) == runner._substance(here)
+    other_data = dict(here, **{"data.dir": "/home/u/shared/data/wmt14"})
+    assert runner._substance(other_data) != runner._substance(here)
     assert sweep.parse_seeds("0,1,2") == [0, 1, 2]
     with pytest.raises(SystemExit):
         sweep.parse_seeds("0,0")
