@@ -118,6 +118,14 @@ rc=0
 wait "$ROWS_PID" || rc=1
 wait "$EXPLAIN_PID" || rc=1
 
+# Where the unfinished runs got to (a run cut off by the budget says how far it was)
+while IFS= read -r runlog; do
+  dir=$(dirname "$runlog")
+  [[ -f $dir/result.json ]] && continue
+  last=$(grep -o 'step [0-9]*/[0-9]*' "$runlog" | tail -n 1)
+  say "unfinished: ${dir#"$ROOT"/}, ${last:+at }${last:-before its first logged step}"
+done < <(find "$ROOT" -name log.txt -path '*seed*' 2>/dev/null | sort)
+
 # What this call finished: the mirror's result.json files written since the sweeps started.
 # Staged in a folder of their own, so that the tarball is valid with none of them too.
 mkdir -p "$MIRROR"
