@@ -57,9 +57,9 @@ Presets (experiments/table3/presets.py):
          time (--parallel) and 3 seeds by default; its own root and report (table3_gpu.*).
   micro  a seconds-long smoke test of the harness itself (CI).
 
---parallel N runs N (row, seed) runs at once after the first (which builds the shared vocabulary
-and token cache), each its own process; with N > 1 each process may take 0.9/N of a GPU's
-memory. A run's numbers do not depend on what runs beside it.
+--parallel N runs N (row, seed) runs at once, each its own process, after the first where the
+root has no vocabulary yet (that run trains the one the others read); with N > 1 each process
+may take 0.9/N of a GPU's memory. A run's numbers do not depend on what runs beside it.
 """
 
 from __future__ import annotations
@@ -96,6 +96,7 @@ from experiments.table3.runner import (
     workdir_of,
 )
 from tfm_jax.config import paths
+from tfm_jax.platform import storage
 from tfm_jax.viz.curves import read_metrics
 
 
@@ -252,7 +253,7 @@ def main(argv=None) -> int:
 
 def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, command: str) -> list:
     """Runs (or with --report_only reads) every (variant, row, seed) of `todo`, in order,
-    --parallel at once after the first; each finished run rewrites the report, which reads
+    --parallel at once (after the first, if it must train the vocabulary); each finished run rewrites the report, which reads
     every run of `report_runs` finished so far. Returns the report's files."""
     steps = kw["steps"]
     big_steps = steps * step_multiple("big")
@@ -296,10 +297,14 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
         for key in todo:
             one(*key)
     else:
-        # The first run alone: it trains the shared vocabulary and token cache the others read.
-        one(*todo[0])
+        # The first run alone while there is no vocabulary yet: it trains the one the others
+        # read. (Token caches are built atomically, so runs beside each other may share one.)
+        rest = todo
+        if not storage.exists(run_overrides(args.preset, "base", 0, root, **kw)["data.vocab_path"]):
+            one(*todo[0])
+            rest = todo[1:]
         with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-            futures = [pool.submit(one, *key) for key in todo[1:]]
+            futures = [pool.submit(one, *key) for key in rest]
             for f in concurrent.futures.as_completed(futures):
                 if f.exception() is not None:  # the error names the run's log
                     pool.shutdown(cancel_futures=True)  # the running ones finish, no new ones
