@@ -253,8 +253,9 @@ def main(argv=None) -> int:
 
 def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, command: str) -> list:
     """Runs (or with --report_only reads) every (variant, row, seed) of `todo`, in order,
-    --parallel at once (after the first, if it must train the vocabulary); each finished run rewrites the report, which reads
-    every run of `report_runs` finished so far. Returns the report's files."""
+    --parallel at once (after the first, if it must train the vocabulary); each finished run
+    rewrites the report, which reads every run of `report_runs` finished so far. Returns the
+    report's files."""
     steps = kw["steps"]
     big_steps = steps * step_multiple("big")
     done: dict[tuple, dict] = {}
