@@ -317,6 +317,11 @@ def test_readme_states_the_committed_reports_result():
     listed = report.split("Comparisons not reproduced or tied, and what tests them:")[1]
     rows = re.findall(r"^- (\S+): ", listed, re.M)
     assert rows and all(f"- {row} vs " in section for row in rows), rows
+    # ... and each of them says the outcome of every explanation experiment that has one
+    for row, tests in re.findall(r"^- (\S+): (.*)$", listed, re.M):
+        item = section.split(f"- {row} vs ")[1].split("\n- ")[0]
+        for name, outcome in re.findall(r"(\S+) \((supported|refuted|inconclusive)\)", tests):
+            assert f"`{name}` **{outcome}**" in item, (row, name, outcome)
     assert "table3_small.png" in section and "table3_small.md" in section
 
 
