@@ -171,9 +171,10 @@ def _missing(results: list[dict], need: list[tuple[str | None, str, int]]) -> li
 
 def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | None) -> dict:
     """{"outcome": supported | refuted | inconclusive | pending, "details": [lines]}."""
-    missing = _missing(results, run_list([experiment.name]))
+    need = run_list([experiment.name])
+    missing = _missing(results, need)
     if missing:
-        done = len(run_list([experiment.name])) - len(missing)
+        done = len(need) - len(missing)
         return {
             "outcome": PENDING,
             "details": [

@@ -265,7 +265,8 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
     env = parallel_env(parallel)
     where = dict(root=root, mirror=args.mirror)
     # the mirror's vocabulary, if the root has none: the finished runs' very pieces
-    share_vocab(run_overrides(args.preset, "base", 0, root, **kw)["data.vocab_path"], **where)
+    vocab_path = run_overrides(args.preset, "base", 0, root, **kw)["data.vocab_path"]
+    share_vocab(vocab_path, **where)
     for key in report_runs:  # what is finished already (here or in the mirror)
         if key not in todo:
             variant, row, seed = key
@@ -301,7 +302,7 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
         # The first run alone while there is no vocabulary yet: it trains the one the others
         # read. (Token caches are built atomically, so runs beside each other may share one.)
         rest = todo
-        if not storage.exists(run_overrides(args.preset, "base", 0, root, **kw)["data.vocab_path"]):
+        if not storage.exists(vocab_path):
             one(*todo[0])
             rest = todo[1:]
         with concurrent.futures.ThreadPoolExecutor(parallel) as pool:

@@ -221,10 +221,11 @@ def cpu_has_bf16(cpuinfo: str | None = None) -> bool | None:
 def cpu_model(cpuinfo: str | None = None) -> str | None:
     """The processor's name and whether it has bf16 arithmetic ("AMD EPYC 9R14, bf16"), the two
     things that decide a CPU run's bits; None where /proc/cpuinfo names no model."""
-    for line in (_read_cpuinfo(cpuinfo) or "").splitlines():
+    text = _read_cpuinfo(cpuinfo) or ""  # read once, for the name and the flags
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip().lower() == "model name" and value.strip():
-            bf16 = {True: "bf16", False: "no bf16", None: "bf16 unknown"}[cpu_has_bf16(cpuinfo)]
+            bf16 = {True: "bf16", False: "no bf16", None: "bf16 unknown"}[cpu_has_bf16(text)]
             return f"{' '.join(value.split())}, {bf16}"
     return None
 
