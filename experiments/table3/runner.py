@@ -29,18 +29,8 @@ from experiments.table3.commands import local_log, run_cmd, save_log
 from experiments.table3.presets import cli_args, run_overrides
 from tfm_jax.checkpoint import layout
 from tfm_jax.platform import host, storage
+from tfm_jax.train.resume import CADENCE_KEYS
 from tfm_jax.viz.curves import read_metrics
-
-# Overrides that change how often a run logs, evaluates or saves, not what it learns: a finished
-# or half-finished run may be continued under other values of these.
-CADENCE_KEYS = (
-    "train.log_every_steps",
-    "train.eval_every_steps",
-    "train.checkpoint_every_steps",
-    "train.checkpoint_every_secs",
-    "train.keep_checkpoints",
-    "train.keep_checkpoint_period",
-)
 
 
 def workdir_of(root: str, row: str, seed: int, variant: str | None = None) -> str:

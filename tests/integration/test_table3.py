@@ -18,6 +18,7 @@ from helpers.runs import write_tiny_corpus
 from experiments.table3 import commands, presets, runner, sweep
 from experiments.table3.presets import TABLE3
 from tfm_jax.platform import host as hostenv
+from tfm_jax.train.resume import CADENCE_KEYS
 
 
 def test_small_preset_scales_every_row_alike():
@@ -63,11 +64,11 @@ def test_the_committed_small_runs_are_what_the_small_preset_starts():
             "small", r["row"], r["seed"], root, data_dir=recorded["data.dir"]
         )
         added = [k for k in now if k not in recorded]  # train.keep_checkpoint_period
-        assert set(added) <= set(runner.CADENCE_KEYS), (path, added)
+        assert set(added) <= set(CADENCE_KEYS), (path, added)
         assert [k for k in now if k in recorded] == list(recorded), path
         assert runner._substance(now) == runner._substance(recorded), path
         changed = {k for k in recorded if now[k] != recorded[k]}
-        assert changed <= set(runner.CADENCE_KEYS), (path, changed)
+        assert changed <= set(CADENCE_KEYS), (path, changed)
 
 
 def test_budget_seed_and_vocabulary_per_run():

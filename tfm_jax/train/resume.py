@@ -32,14 +32,19 @@ REFUSED_KEYS = ("data.vocab_size", "data.vocab_path", "optim.accumulate_steps")
 SAFE_PREFIXES = ("decode.", "mesh.", "paths.", "platform.")
 # Dropout generators that draw the same bits (tests/unit/test_prng.py): switching is safe.
 SAME_BITS = ("auto", "threefry", "threefry_fused")
-SAFE_KEYS = (
-    "train.num_steps",
+# How often a run logs, evaluates or saves, not what it learns (the Table 3 harness continues a
+# finished or half-finished run under other values of these).
+CADENCE_KEYS = (
     "train.log_every_steps",
     "train.eval_every_steps",
     "train.checkpoint_every_steps",
     "train.checkpoint_every_secs",
     "train.keep_checkpoints",
     "train.keep_checkpoint_period",
+)
+SAFE_KEYS = (
+    "train.num_steps",
+    *CADENCE_KEYS,
     "train.average_last",
     "train.profile_steps",
     "train.lease_ttl_secs",
