@@ -18,6 +18,7 @@ started for: its harness.json records the overrides, and other settings are refu
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -104,19 +105,57 @@ def share_vocab(vocab_path: str, root: str, mirror: str | None) -> None:
         storage.write_bytes(copy, storage.read_bytes(vocab_path))
 
 
-def _check_vocab(where: str, result: dict, vocab_path: str) -> None:
-    """A result counts only for the vocabulary it was trained with (when it recorded one)."""
-    recorded = result.get("vocab_sha256")
-    if not recorded:  # made before results recorded it
-        return
-    here = vocab_digest(vocab_path)
-    if here and recorded != here:
-        raise SystemExit(
-            f"{where}/result.json was trained with the vocabulary of sha256 {recorded}, but "
-            f"{vocab_path} is {here}: its rows would be compared on other tokens. Copy the "
-            "vocabulary of the sweep that made it (its mirror keeps one under vocab/) or pass "
-            "another --root"
-        )
+def data_digest(data_dir: str | None) -> str | None:
+    """The parallel-text folder's sha256 (16 hex digits) over its files' names and bytes; None
+    when there is no such folder (tfds data). It matches a result to the data it was trained on
+    where _where only matches the path's shape."""
+    if not data_dir or not storage.isdir(data_dir):
+        return None
+    files = tuple(
+        (name, storage.file_state(path))
+        for name in sorted(storage.listdir(data_dir))
+        if storage.isfile(path := storage.join(data_dir, name))
+    )
+    return _digest_of(data_dir, files)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest_of(data_dir: str, files: tuple) -> str:
+    # hashed once a process for each state of the files (size, mtime): ~4 MB for Multi30k
+    h = hashlib.sha256()
+    for name, _ in files:
+        data = storage.read_bytes(storage.join(data_dir, name))
+        h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()[:16]
+
+
+def _check_files(where: str, result: dict, overrides: dict) -> None:
+    """A result counts only for the vocabulary and the data it was trained with (when it
+    recorded their digests: results made before they did are matched by path alone)."""
+    for key, what, here, fix in (
+        (
+            "vocab_sha256",
+            "vocabulary",
+            lambda: vocab_digest(overrides["data.vocab_path"]),
+            "Copy the vocabulary of the sweep that made it (its mirror keeps one under vocab/)",
+        ),
+        (
+            "data_sha256",
+            "data",
+            lambda: data_digest(overrides.get("data.dir")),
+            "Point --data_dir at the files it was trained on",
+        ),
+    ):
+        recorded = result.get(key)
+        if not recorded:
+            continue
+        mine = here()
+        if mine and recorded != mine:
+            raise SystemExit(
+                f"{where}/result.json was trained with the {what} of sha256 {recorded}, but "
+                f"this sweep's is {mine}: its rows would be compared on other {what}. {fix}, "
+                "or pass another --root"
+            )
 
 
 def _read_result(workdir: str, overrides: dict, mirror_dir: str | None = None) -> dict | None:
@@ -129,7 +168,7 @@ def _read_result(workdir: str, overrides: dict, mirror_dir: str | None = None) -
         if storage.exists(result_path):
             result = json.loads(storage.read_text(result_path))
             _check_same_run(where, result["overrides"], overrides)
-            _check_vocab(where, result, overrides["data.vocab_path"])
+            _check_files(where, result, overrides)
             return result
     return None
 
@@ -210,6 +249,7 @@ def run_one(
         "bleu_tok_compound": at_best.get("bleu_tok_compound"),
         "params": next(iter(params.values()))["params"],
         "vocab_sha256": vocab_digest(overrides["data.vocab_path"]),
+        "data_sha256": data_digest(overrides.get("data.dir")),
         "platform": platform_of_log(log_path),  # the sweep mixes machines: which ran this one
         "dev_curve": curve,  # (step, dev NLL) of the evaluations during training
         "plateau_step": stats.plateau_step(curve),

@@ -211,6 +211,14 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     (other / "vocab" / vocab.name).write_bytes(b"other pieces")
     with pytest.raises(SystemExit, match=f"trained with the vocabulary of sha256 {digest}"):
         sweep.main([*common, "--seeds=0", "--rows=A1", f"--root={other}", f"--mirror={mirror}"])
+    # ... and so does the data: a result is matched to the files it was trained on, not just
+    # to a path of the same shape
+    assert mirrored["data_sha256"] == runner.data_digest(str(corpus)) is not None
+    with open(corpus / "train.en", "a", encoding="utf-8") as f:
+        f.write("one more line\n")
+    recorded = mirrored["data_sha256"]
+    with pytest.raises(SystemExit, match=f"trained with the data of sha256 {recorded}"):
+        sweep.main([*common, "--seeds=0", "--rows=A1", f"--root={fresh}", f"--mirror={mirror}"])
 
     assert sweep.main([f"--find_budget={runs / 'base' / 'seed0'}"]) == 0
     budget = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
