@@ -170,24 +170,43 @@ def _missing(results: list[dict], need: list[tuple[str | None, str, int]]) -> li
 
 
 def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | None) -> dict:
-    """{"outcome": supported | refuted | inconclusive | pending, "details": [lines]}."""
+    """{"outcome": supported | refuted | inconclusive | pending, "details": [lines]}. Pending
+    while runs are missing, except that a rule which refutes on any one complete pair (EARLY)
+    is "refuted" as soon as the complete pairs meet it: no run to come can undo that."""
     need = run_list([experiment.name])
     missing = _missing(results, need)
-    if missing:
-        done = len(need) - len(missing)
-        return {
-            "outcome": PENDING,
-            "details": [
-                f"{done} of {done + len(missing)} runs finished; to run: {', '.join(missing)}"
-            ],
-        }
     unread = _missing(results, [(None, row, s) for row in experiment.reads for s in SEEDS])
+    if missing:
+        head = f"{len(need) - len(missing)} of {len(need)} runs finished"
+        # read early only where every run it compares with has its dev curve
+        curves = [r for r in results if r.get("dev_curve")]
+        unread_curves = _missing(curves, [(None, r, s) for r in experiment.reads for s in SEEDS])
+        early = experiment.name in EARLY and not unread_curves
+        partial = RULES[experiment.name] if early else None
+        so_far = partial(results, noise) if partial else {"outcome": PENDING, "details": []}
+        if so_far["outcome"] == REFUTED:
+            return {
+                "outcome": REFUTED,
+                "details": [
+                    f"decided early, with {head}: the complete pairs already meet the "
+                    f"refutation rule, which the runs to come ({', '.join(missing)}) cannot undo",
+                    *so_far["details"],
+                ],
+            }
+        lines = [f"so far, {d}" for d in so_far["details"]]
+        return {"outcome": PENDING, "details": [f"{head}; to run: {', '.join(missing)}", *lines]}
     if unread:
         return {
             "outcome": PENDING,
             "details": [f"its runs are finished; the sweep's to finish: {', '.join(unread)}"],
         }
     return RULES[experiment.name](results, noise)
+
+
+def _pair(table: dict, row: str, ref: str, seeds: tuple[int, ...], noise) -> stats.Judgement | None:
+    """The pair's judgement over `seeds`, or None while a run of it is missing."""
+    s, d = gap(table, row, ref, seeds)
+    return _real(d, noise) if len(s) == len(seeds) else None
 
 
 def _e(results, noise):
@@ -219,26 +238,29 @@ def _heads(results, noise):
     main = _table(results, None)
     same_dk = (("H1K64", "base"), ("H16K64", "base"), ("H8K128", "A4"), ("H8K32", "A16"))
     same_h = (("H8K128", "base", "better"), ("H8K32", "base", "worse"))
-    lines, real_same_dk, wrong_way, right_way = [], 0, 0, 0
-    for row, ref in same_dk:
-        j = _real(gap(main, row, ref, SEEDS)[1], noise)
-        real_same_dk += j.real
-        lines.append(
-            f"same d_k, other h: {row} vs {ref} {j.mean:+.1f}% ({'real' if j.real else 'not real'})"
-        )
-    for row, ref, expect in same_h:
-        j = _real(gap(main, row, ref, SEEDS)[1], noise)
-        way = stats.direction("ppl", j.mean)
-        right_way += j.real and way == expect
-        wrong_way += j.real and way != expect
-        lines.append(
-            f"same h = 8, other d_k: {row} vs {ref} {j.mean:+.1f}% "
-            f"({'real, ' + way if j.real else 'not real'}; predicted {expect})"
-        )
-    if real_same_dk == 0 and right_way == len(same_h):
-        verdict = SUPPORTED
-    elif real_same_dk >= 2 or wrong_way:
+    lines, real_same_dk, wrong_way, right_way, open_pairs = [], 0, 0, 0, 0
+    for row, ref, expect in [(row, ref, None) for row, ref in same_dk] + list(same_h):
+        kind = "same d_k, other h" if expect is None else "same h = 8, other d_k"
+        j = _pair(main, row, ref, SEEDS, noise)
+        if j is None:
+            open_pairs += 1
+            lines.append(f"{kind}: {row} vs {ref} (runs to come)")
+            continue
+        note = "real" if j.real else "not real"
+        if expect is None:
+            real_same_dk += j.real
+        else:
+            way = stats.direction("ppl", j.mean)
+            right_way += j.real and way == expect
+            wrong_way += j.real and way != expect
+            note = f"{note + ', ' + way if j.real else note}; predicted {expect}"
+        lines.append(f"{kind}: {row} vs {ref} {j.mean:+.1f}% ({note})")
+    if real_same_dk >= 2 or wrong_way:  # more pairs cannot undo it
         verdict = REFUTED
+    elif open_pairs:
+        verdict = PENDING
+    elif real_same_dk == 0 and right_way == len(same_h):
+        verdict = SUPPORTED
     else:
         verdict = INCONCLUSIVE
     return {"outcome": verdict, "details": lines}
@@ -246,12 +268,16 @@ def _heads(results, noise):
 
 def _seed3(results, noise):
     main = _table(results, None)
-    lines, refuted, held = [], 0, 0
+    lines, refuted, held, open_pairs = [], 0, 0, 0
     cases = [("Cff4096", "not real")] + [(r, "real") for r in ("A16", "C8", "D0.2", "E")]
     for row, predicted in cases:
         ref = _ref_of(row)
         j2 = _real(gap(main, row, ref, SEEDS)[1], noise)
-        j3 = _real(gap(main, row, ref, (0, 1, 2))[1], noise)
+        j3 = _pair(main, row, ref, (0, 1, 2), noise)
+        if j3 is None:
+            open_pairs += 1
+            lines.append(f"{row} vs {ref}: 2 seeds {j2.mean:+.1f}%, seed 2 to come")
+            continue
         if predicted == "not real":
             ok, bad = not j3.real, j3.real
         else:
@@ -269,7 +295,12 @@ def _seed3(results, noise):
         f"C1024 vs base (its verdict, no prediction): {j.mean:+.1f}% over {len(g)} seeds "
         f"({'real' if j.real else 'not real'})"
     )
-    verdict = REFUTED if refuted else (SUPPORTED if held == len(cases) else INCONCLUSIVE)
+    if refuted:  # any one case refutes: more cases cannot undo it
+        verdict = REFUTED
+    elif open_pairs:
+        verdict = PENDING
+    else:
+        verdict = SUPPORTED if held == len(cases) else INCONCLUSIVE
     return {"outcome": verdict, "details": lines}
 
 
@@ -329,6 +360,9 @@ def _combine(verdicts: list[str]) -> str:
 
 
 RULES = {"E": _e, "heads": _heads, "seed3": _seed3, "budget": _budget, "data": _data}
+# the rules that refute on any one complete pair, whatever the others show: outcome() may
+# decide them "refuted" before every run has finished (never "supported")
+EARLY = ("heads", "seed3")
 
 
 def explanation_lines(

@@ -519,3 +519,47 @@ def test_every_comparison_the_sweep_did_not_reproduce_has_an_experiment():
         assert X.experiments_for(row), row
     for variant, row, _ in X.run_list(list(X.BY_NAME)):
         assert row in presets.ALL_ROWS and (variant is None or variant in X.VARIANTS)
+
+
+def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
+    """heads and seed3 refute on any one complete pair: once the complete pairs meet the rule,
+    the outcome is "refuted", said to be decided early; support waits for every run."""
+    noise = S.Noise(sd=1.0, df=12, comparisons=12)
+    rows = lambda p, seeds=(0, 1): [run(r, s, v) for r, v in p.items() for s in seeds]  # noqa: E731
+    heads = X.BY_NAME["heads"]
+    # H8K128 not run; H1K64 and H16K64 (same d_k as base) are both really worse: refuted
+    ppl = {"base": 10.0, "A4": 9.6, "A16": 10.4, "H1K64": 11.0, "H16K64": 11.0, "H8K32": 10.35}
+    o = X.outcome(heads, rows(ppl), noise)
+    assert o["outcome"] == X.REFUTED
+    assert o["details"][0].startswith("decided early, with 6 of 8 runs finished")
+    assert "(H8K128 seed 0, H8K128 seed 1) cannot undo" in o["details"][0]
+    assert "same d_k, other h: H1K64 vs base +10.0% (real)" in o["details"]
+    assert "same h = 8, other d_k: H8K128 vs base (runs to come)" in o["details"]
+    # H16K64 with one seed is no pair yet, and one real pair refutes nothing: pending, with
+    # the complete pairs so far
+    one_seed = [r for r in rows(ppl) if (r["row"], r["seed"]) != ("H16K64", 1)]
+    o = X.outcome(heads, one_seed, noise)
+    assert o["outcome"] == X.PENDING
+    assert o["details"][0] == "5 of 8 runs finished; to run: H16K64 seed 1, H8K128 seed 0, " \
+                              "H8K128 seed 1"  # fmt: skip
+    assert "so far, same d_k, other h: H1K64 vs base +10.0% (real)" in o["details"]
+    assert "so far, same d_k, other h: H16K64 vs base (runs to come)" in o["details"]
+    # every complete pair as predicted: still pending, support is never early
+    good = dict(ppl, H1K64=10.05, H16K64=9.95)
+    assert X.outcome(heads, rows(good), noise)["outcome"] == X.PENDING
+    # the sweep's rows it compares with unfinished (A4): pending, no early verdict
+    assert X.outcome(heads, [r for r in rows(ppl) if r["row"] != "A4"], noise)["outcome"] == (
+        X.PENDING
+    )
+    # seed3: Cff4096 really better than Cff1024 with seed 2 refutes it, whatever the other
+    # rows' seed 2 will show
+    main = {"base": 10.0, "Cff1024": 10.0, "Cff4096": 10.0, "C1024": 10.1, "A16": 10.4,
+            "C8": 10.5, "D0.2": 9.3, "E": 10.6}  # fmt: skip
+    seed2 = [run("Cff1024", 2, 10.0), run("Cff4096", 2, 9.7), run("base", 2, 10.0)]
+    seed3 = X.BY_NAME["seed3"]
+    o = X.outcome(seed3, rows(main) + seed2, noise)
+    assert o["outcome"] == X.PENDING  # Cff4096 0%, 0%, -3%: -1% over 3 seeds is not real
+    strong = [r for r in rows(main) if r["row"] != "Cff4096"] + rows({"Cff4096": 9.0})
+    o = X.outcome(seed3, strong + seed2, noise)
+    assert o["outcome"] == X.REFUTED and o["details"][0].startswith("decided early, with 3 of 8")
+    assert "A16 vs base: 2 seeds +4.0%, seed 2 to come" in o["details"]
