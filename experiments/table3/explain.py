@@ -209,6 +209,11 @@ def _pair(table: dict, row: str, ref: str, seeds: tuple[int, ...], noise) -> sta
     return _real(d, noise) if len(s) == len(seeds) else None
 
 
+def _per_seed(table: dict, row: str, ref: str, seeds: tuple[int, ...]) -> str:
+    """The pair's differences seed by seed: the spread beside the pooled verdict."""
+    return ", ".join(f"{d:+.1f}%" for d in gap(table, row, ref, seeds)[1])
+
+
 def _e(results, noise):
     main = _table(results, None)
     _, g_e = gap(main, "E", "base", SEEDS)
@@ -254,7 +259,8 @@ def _heads(results, noise):
             right_way += j.real and way == expect
             wrong_way += j.real and way != expect
             note = f"{note + ', ' + way if j.real else note}; predicted {expect}"
-        lines.append(f"{kind}: {row} vs {ref} {j.mean:+.1f}% ({note})")
+        per_seed = _per_seed(main, row, ref, SEEDS)
+        lines.append(f"{kind}: {row} vs {ref} {j.mean:+.1f}% (seeds {per_seed}; {note})")
     if real_same_dk >= 2 or wrong_way:  # more pairs cannot undo it
         verdict = REFUTED
     elif open_pairs:

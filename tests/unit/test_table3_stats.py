@@ -533,7 +533,7 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     assert o["outcome"] == X.REFUTED
     assert o["details"][0].startswith("decided early, with 6 of 8 runs finished")
     assert "(H8K128 seed 0, H8K128 seed 1) cannot undo" in o["details"][0]
-    assert "same d_k, other h: H1K64 vs base +10.0% (real)" in o["details"]
+    assert "same d_k, other h: H1K64 vs base +10.0% (seeds +10.0%, +10.0%; real)" in o["details"]
     assert "same h = 8, other d_k: H8K128 vs base (runs to come)" in o["details"]
     # H16K64 with one seed is no pair yet, and one real pair refutes nothing: pending, with
     # the complete pairs so far
@@ -542,7 +542,10 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     assert o["outcome"] == X.PENDING
     assert o["details"][0] == "5 of 8 runs finished; to run: H16K64 seed 1, H8K128 seed 0, " \
                               "H8K128 seed 1"  # fmt: skip
-    assert "so far, same d_k, other h: H1K64 vs base +10.0% (real)" in o["details"]
+    assert (
+        "so far, same d_k, other h: H1K64 vs base +10.0% (seeds +10.0%, +10.0%; real)"
+        in o["details"]
+    )
     assert "so far, same d_k, other h: H16K64 vs base (runs to come)" in o["details"]
     # every complete pair as predicted: still pending, support is never early
     good = dict(ppl, H1K64=10.05, H16K64=9.95)
