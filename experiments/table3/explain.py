@@ -172,7 +172,8 @@ def _missing(results: list[dict], need: list[tuple[str | None, str, int]]) -> li
 def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | None) -> dict:
     """{"outcome": supported | refuted | inconclusive | pending, "details": [lines]}. Pending
     while runs are missing, except that a rule which refutes on any one complete pair (EARLY)
-    is "refuted" as soon as the complete pairs meet it: no run to come can undo that."""
+    is "refuted" as soon as the complete pairs meet it: none of its own runs to come can undo
+    that (the pooled noise, from the sweep's runs, still can)."""
     need = run_list([experiment.name])
     missing = _missing(results, need)
     unread = _missing(results, [(None, row, s) for row in experiment.reads for s in SEEDS])
@@ -189,7 +190,8 @@ def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | No
                 "outcome": REFUTED,
                 "details": [
                     f"decided early, with {head}: the complete pairs already meet the "
-                    f"refutation rule, which the runs to come ({', '.join(missing)}) cannot undo",
+                    f"refutation rule, which its runs to come ({', '.join(missing)}) cannot undo "
+                    "(a change in the pooled noise could, as it could any verdict here)",
                     *so_far["details"],
                 ],
             }
