@@ -8,7 +8,8 @@ protocol: `python -m experiments.table3 --help`.
   sweep.py     the command line: rows x seeds, in order or --parallel, the report after each run
   stats.py     the pre-registered protocol and its statistics (pure functions over numbers)
   evidence.py  what a comparison's dev curves show when it did not come out as the paper's
-  explain.py   the pre-registered explanation experiments, their runs and verdict rules
+  explain.py   the pre-registered explanation experiments, their runs and their outcomes
+  rules.py     each explanation experiment's verdict rule as code (pure functions over results)
   report.py    the markdown, CSVs and chart
   budget_plot.py  dev curves of budget runs (how the budget was chosen)
 """

@@ -11,20 +11,17 @@ row the same batches. Probe rows (H1K64, E-std1, ...) are rows of configs/table3
     python -m experiments.table3 --explain=heads,E      # some of them
 
 `outcome()` reads the finished runs and says "supported", "refuted", "inconclusive" or
-"pending" (runs missing), with the numbers it used. Pure functions over results
-(tests/unit/test_table3_stats.py).
+"pending" (runs missing), with the numbers it used, by each experiment's rule in rules.py. Pure
+functions over results (tests/unit/test_table3_stats.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from experiments.table3 import stats
-from experiments.table3.presets import TABLE3, VARIANTS
-
-SUPPORTED, REFUTED, INCONCLUSIVE, PENDING = "supported", "refuted", "inconclusive", "pending"
-FLOOR = stats.MIN_EFFECT["ppl"]  # 2% of the reference's dev PPL
+from experiments.table3.presets import VARIANTS
+from experiments.table3.rules import EARLY, FLOOR, PENDING, REFUTED, RULES, SEEDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +37,6 @@ class Experiment:
     reads: tuple[str, ...] = ()
 
 
-SEEDS = (0, 1)
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(
         "E",
@@ -124,44 +120,6 @@ def run_list(names: list[str]) -> list[tuple[str | None, str, int]]:
     return out
 
 
-# ---- reading the runs ----
-
-
-def best_ppl(result: dict, upto: int | None = None) -> float:
-    """Dev PPL at the best evaluation (at or before step `upto`)."""
-    return math.exp(stats.best_point(result["dev_curve"], upto)[1])
-
-
-def _table(results: list[dict], variant: str | None, upto: int | None = None) -> dict:
-    """{row: {seed: best dev PPL}} of one variant's runs (None: the main sweep)."""
-    out: dict[str, dict[int, float]] = {}
-    for r in results:
-        if r.get("variant") == variant and r.get("dev_curve"):
-            out.setdefault(r["row"], {})[int(r["seed"])] = best_ppl(r, upto)
-    return out
-
-
-def gap(table: dict, row: str, ref: str, seeds=None) -> tuple[list[int], list[float]]:
-    """Paired PPL differences (%) of row vs ref over the seeds both have (or `seeds`)."""
-    s, d = stats.paired("ppl", table.get(row, {}), table.get(ref, {}))
-    if seeds is not None:
-        d = [x for x, k in zip(d, s, strict=True) if k in seeds]
-        s = [k for k in s if k in seeds]
-    return s, d
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def paper_gap(row: str, ref: str) -> float:
-    return stats.difference("ppl", TABLE3[row].ppl, TABLE3[ref].ppl)
-
-
-def _ref_of(row: str) -> str:
-    return next(c.ref for c in stats.PROTOCOL if c.row == row)
-
-
 def _missing(results: list[dict], need: list[tuple[str | None, str, int]]) -> list[str]:
     have = {(r.get("variant"), r["row"], int(r["seed"])) for r in results}
     return [
@@ -203,174 +161,6 @@ def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | No
             "details": [f"its runs are finished; the sweep's to finish: {', '.join(unread)}"],
         }
     return RULES[experiment.name](results, noise)
-
-
-def _pair(table: dict, row: str, ref: str, seeds: tuple[int, ...], noise) -> stats.Judgement | None:
-    """The pair's judgement over `seeds`, or None while a run of it is missing."""
-    s, d = gap(table, row, ref, seeds)
-    return _real(d, noise) if len(s) == len(seeds) else None
-
-
-def _per_seed(table: dict, row: str, ref: str, seeds: tuple[int, ...]) -> str:
-    """The pair's differences seed by seed: the spread beside the pooled verdict."""
-    return ", ".join(f"{d:+.1f}%" for d in gap(table, row, ref, seeds)[1])
-
-
-def _e(results, noise):
-    main = _table(results, None)
-    _, g_e = gap(main, "E", "base", SEEDS)
-    _, g_s = gap(main, "E-std1", "base", SEEDS)
-    m_e, m_s = _mean(g_e), _mean(g_s)
-    drop = m_e - m_s
-    if drop > FLOOR and abs(m_s) <= abs(m_e) / 2:
-        verdict = SUPPORTED
-    elif drop < FLOOR / 2:
-        verdict = REFUTED
-    else:
-        verdict = INCONCLUSIVE
-    return {
-        "outcome": verdict,
-        "details": [
-            f"E vs base {m_e:+.1f}%, E-std1 vs base {m_s:+.1f}% (seeds 0, 1): the gap fell "
-            f"{drop:+.1f} points"
-        ],
-    }
-
-
-def _real(diffs: list[float], noise: stats.Noise | None) -> stats.Judgement:
-    return stats.judge("ppl", "tie", diffs, noise=noise)
-
-
-def _heads(results, noise):
-    main = _table(results, None)
-    same_dk = (("H1K64", "base"), ("H16K64", "base"), ("H8K128", "A4"), ("H8K32", "A16"))
-    same_h = (("H8K128", "base", "better"), ("H8K32", "base", "worse"))
-    lines, real_same_dk, wrong_way, right_way, open_pairs = [], 0, 0, 0, 0
-    for row, ref, expect in [(row, ref, None) for row, ref in same_dk] + list(same_h):
-        kind = "same d_k, other h" if expect is None else "same h = 8, other d_k"
-        j = _pair(main, row, ref, SEEDS, noise)
-        if j is None:
-            open_pairs += 1
-            lines.append(f"{kind}: {row} vs {ref} (runs to come)")
-            continue
-        note = "real" if j.real else "not real"
-        if expect is None:
-            real_same_dk += j.real
-        else:
-            way = stats.direction("ppl", j.mean)
-            right_way += j.real and way == expect
-            wrong_way += j.real and way != expect
-            note = f"{note + ', ' + way if j.real else note}; predicted {expect}"
-        per_seed = _per_seed(main, row, ref, SEEDS)
-        lines.append(f"{kind}: {row} vs {ref} {j.mean:+.1f}% (seeds {per_seed}; {note})")
-    if real_same_dk >= 2 or wrong_way:  # more pairs cannot undo it
-        verdict = REFUTED
-    elif open_pairs:
-        verdict = PENDING
-    elif real_same_dk == 0 and right_way == len(same_h):
-        verdict = SUPPORTED
-    else:
-        verdict = INCONCLUSIVE
-    return {"outcome": verdict, "details": lines}
-
-
-def _seed3(results, noise):
-    main = _table(results, None)
-    lines, refuted, held, open_pairs = [], 0, 0, 0
-    cases = [("Cff4096", "not real")] + [(r, "real") for r in ("A16", "C8", "D0.2", "E")]
-    for row, predicted in cases:
-        ref = _ref_of(row)
-        j2 = _real(gap(main, row, ref, SEEDS)[1], noise)
-        j3 = _pair(main, row, ref, (0, 1, 2), noise)
-        if j3 is None:
-            open_pairs += 1
-            lines.append(f"{row} vs {ref}: 2 seeds {j2.mean:+.1f}%, seed 2 to come")
-            continue
-        if predicted == "not real":
-            ok, bad = not j3.real, j3.real
-        else:
-            ok = j3.real and (j3.mean > 0) == (j2.mean > 0)
-            bad = not j3.real and abs(j3.mean) < FLOOR
-        held += ok
-        refuted += bad
-        lines.append(
-            f"{row} vs {ref}: 2 seeds {j2.mean:+.1f}%, 3 seeds {j3.mean:+.1f}% "
-            f"({'real' if j3.real else 'not real'}; predicted {predicted})"
-        )
-    _, g = gap(main, "C1024", "base", (0, 1, 2))
-    j = _real(g, noise)
-    lines.append(
-        f"C1024 vs base (its verdict, no prediction): {j.mean:+.1f}% over {len(g)} seeds "
-        f"({'real' if j.real else 'not real'})"
-    )
-    if refuted:  # any one case refutes: more cases cannot undo it
-        verdict = REFUTED
-    elif open_pairs:
-        verdict = PENDING
-    else:
-        verdict = SUPPORTED if held == len(cases) else INCONCLUSIVE
-    return {"outcome": verdict, "details": lines}
-
-
-def _budget(results, noise):
-    long = _table(results, "s2400")
-    first = _table(results, "s2400", upto=1200)
-    lines, moved = [], []
-    for row in ("C8", "Cff4096"):
-        ref = _ref_of(row)
-        target = paper_gap(row, ref)
-        g1, g2 = _mean(gap(first, row, ref)[1]), _mean(gap(long, row, ref)[1])
-        nearer = abs(g1 - target) - abs(g2 - target)
-        moved.append(nearer)
-        lines.append(
-            f"{row} vs {ref}: best of 1,200 steps {g1:+.1f}%, of 2,400 {g2:+.1f}% "
-            f"(the paper {target:+.1f}%): {nearer:+.1f} points nearer"
-        )
-    return {"outcome": _per_item(moved, FLOOR, FLOOR / 2), "details": lines}
-
-
-def _data(results, noise):
-    full = _table(results, None)
-    half, quarter = _table(results, "f50"), _table(results, "f25")
-    lines, verdicts = [], []
-    for row in ("D0.2", "Dls0.0", "C1024"):
-        target = paper_gap(row, "base")
-        g = [_mean(gap(t, row, "base", SEEDS)[1]) for t in (full, half, quarter)]
-        away = [abs(x - target) for x in g]
-        further = away[2] - away[0]
-        if further > FLOOR and away[1] >= away[0] - FLOOR / 2:
-            verdicts.append(SUPPORTED)
-        elif further < FLOOR / 2:
-            verdicts.append(REFUTED)
-        else:
-            verdicts.append(INCONCLUSIVE)
-        lines.append(
-            f"{row} vs base on 100% / 50% / 25% of the pairs: {g[0]:+.1f}% / "
-            f"{g[1]:+.1f}% / {g[2]:+.1f}% (the paper {target:+.1f}%): {verdicts[-1]}"
-        )
-    return {"outcome": _combine(verdicts), "details": lines}
-
-
-def _per_item(values: list[float], support: float, refute: float) -> str:
-    verdicts = [
-        SUPPORTED if v > support else REFUTED if v < refute else INCONCLUSIVE for v in values
-    ]
-    return _combine(verdicts)
-
-
-def _combine(verdicts: list[str]) -> str:
-    """All supported: supported; all refuted: refuted; else each comparison's own (mixed)."""
-    if all(v == SUPPORTED for v in verdicts):
-        return SUPPORTED
-    if all(v == REFUTED for v in verdicts):
-        return REFUTED
-    return "mixed: " + ", ".join(verdicts)
-
-
-RULES = {"E": _e, "heads": _heads, "seed3": _seed3, "budget": _budget, "data": _data}
-# the rules that refute on any one complete pair, whatever the others show: outcome() may
-# decide them "refuted" before every run has finished (never "supported")
-EARLY = ("heads", "seed3")
 
 
 def explanation_lines(

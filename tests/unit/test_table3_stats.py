@@ -12,6 +12,7 @@ from experiments.table3 import evidence as E
 from experiments.table3 import explain as X
 from experiments.table3 import presets
 from experiments.table3 import report as R
+from experiments.table3 import rules as V
 from experiments.table3 import stats as S
 from experiments.table3.presets import TABLE3 as ROWS
 from tfm_jax.viz.curves import read_metrics
@@ -459,16 +460,16 @@ def test_explanation_outcomes_by_their_registered_rules():
     base = [run("base", s, 10.0) for s in (0, 1)]
     e = [run("E", s, 10.6) for s in (0, 1)]  # +6%
     exp = X.BY_NAME["E"]
-    assert X.outcome(exp, base + e, noise)["outcome"] == X.PENDING
+    assert X.outcome(exp, base + e, noise)["outcome"] == V.PENDING
     assert "to run: E-std1 seed 0, E-std1 seed 1" in X.outcome(exp, base + e, noise)["details"][0]
     std1 = lambda p: [run("E-std1", s, p) for s in (0, 1)]  # noqa: E731
-    assert X.outcome(exp, base + e + std1(10.2), noise)["outcome"] == X.SUPPORTED  # +2%
-    assert X.outcome(exp, base + e + std1(10.55), noise)["outcome"] == X.REFUTED  # +5.5%
-    assert X.outcome(exp, base + e + std1(10.4), noise)["outcome"] == X.INCONCLUSIVE  # +4%
+    assert X.outcome(exp, base + e + std1(10.2), noise)["outcome"] == V.SUPPORTED  # +2%
+    assert X.outcome(exp, base + e + std1(10.55), noise)["outcome"] == V.REFUTED  # +5.5%
+    assert X.outcome(exp, base + e + std1(10.4), noise)["outcome"] == V.INCONCLUSIVE  # +4%
     # its own runs finished before the runs it compares with (a sweep running beside it): pending,
     # naming them, not a rule computed on half the runs
     early = X.outcome(exp, base[:1] + std1(10.2), noise)
-    assert early["outcome"] == X.PENDING
+    assert early["outcome"] == V.PENDING
     assert early["details"] == ["its runs are finished; the sweep's to finish: base seed 1, "
                                 "E seed 0, E seed 1"]  # fmt: skip
 
@@ -478,11 +479,11 @@ def test_explanation_outcomes_by_their_registered_rules():
            "H8K128": 9.62, "H8K32": 10.35}  # fmt: skip
     rows = lambda p: [run(r, s, v) for r, v in p.items() for s in (0, 1)]  # noqa: E731
     heads = X.BY_NAME["heads"]
-    assert X.outcome(heads, rows(ppl), noise)["outcome"] == X.SUPPORTED
+    assert X.outcome(heads, rows(ppl), noise)["outcome"] == V.SUPPORTED
     worse = dict(ppl, H1K64=11.0, H16K64=9.0)
-    assert X.outcome(heads, rows(worse), noise)["outcome"] == X.REFUTED
+    assert X.outcome(heads, rows(worse), noise)["outcome"] == V.REFUTED
     one = dict(ppl, H1K64=11.0)
-    assert X.outcome(heads, rows(one), noise)["outcome"] == X.INCONCLUSIVE
+    assert X.outcome(heads, rows(one), noise)["outcome"] == V.INCONCLUSIVE
 
     # budget: the gap at the best of 2,400 steps against the best of the first 1,200
     def long(row, at1200, at2400):
@@ -491,9 +492,9 @@ def test_explanation_outcomes_by_their_registered_rules():
     budget = X.BY_NAME["budget"]
     stays = long("base", 10.0, 9.0) + long("Cff1024", 10.0, 9.0)
     closes = stays + long("C8", 10.5, 9.05) + long("Cff4096", 10.0, 8.3)  # C8 +5 -> +0.6
-    assert X.outcome(budget, closes, noise)["outcome"] == X.SUPPORTED
+    assert X.outcome(budget, closes, noise)["outcome"] == V.SUPPORTED
     away = stays + long("C8", 10.5, 9.5) + long("Cff4096", 10.0, 9.2)
-    assert X.outcome(budget, away, noise)["outcome"] == X.REFUTED
+    assert X.outcome(budget, away, noise)["outcome"] == V.REFUTED
     mixed = stays + long("C8", 10.5, 9.05) + long("Cff4096", 10.0, 9.2)
     assert X.outcome(budget, mixed, noise)["outcome"] == "mixed: supported, refuted"
 
@@ -507,9 +508,9 @@ def test_explanation_outcomes_by_their_registered_rules():
     full = {"D0.2": -7.0, "Dls0.0": 9.0, "C1024": 1.0}
     further = at(None, full) + at("f50", {"D0.2": -9.0, "Dls0.0": 12.0, "C1024": 3.0})
     further += at("f25", {"D0.2": -12.0, "Dls0.0": 15.0, "C1024": 6.0})
-    assert X.outcome(data, further, noise)["outcome"] == X.SUPPORTED
+    assert X.outcome(data, further, noise)["outcome"] == V.SUPPORTED
     flat = at(None, full) + at("f50", full) + at("f25", full)
-    assert X.outcome(data, flat, noise)["outcome"] == X.REFUTED
+    assert X.outcome(data, flat, noise)["outcome"] == V.REFUTED
 
 
 def test_every_comparison_the_sweep_did_not_reproduce_has_an_experiment():
@@ -530,7 +531,7 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     # H8K128 not run; H1K64 and H16K64 (same d_k as base) are both really worse: refuted
     ppl = {"base": 10.0, "A4": 9.6, "A16": 10.4, "H1K64": 11.0, "H16K64": 11.0, "H8K32": 10.35}
     o = X.outcome(heads, rows(ppl), noise)
-    assert o["outcome"] == X.REFUTED
+    assert o["outcome"] == V.REFUTED
     assert o["details"][0].startswith("decided early, with 6 of 8 runs finished")
     assert "(H8K128 seed 0, H8K128 seed 1) cannot undo" in o["details"][0]
     assert "same d_k, other h: H1K64 vs base +10.0% (seeds +10.0%, +10.0%; real)" in o["details"]
@@ -539,7 +540,7 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     # the complete pairs so far
     one_seed = [r for r in rows(ppl) if (r["row"], r["seed"]) != ("H16K64", 1)]
     o = X.outcome(heads, one_seed, noise)
-    assert o["outcome"] == X.PENDING
+    assert o["outcome"] == V.PENDING
     assert o["details"][0] == "5 of 8 runs finished; to run: H16K64 seed 1, H8K128 seed 0, " \
                               "H8K128 seed 1"  # fmt: skip
     assert (
@@ -549,10 +550,10 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     assert "so far, same d_k, other h: H16K64 vs base (runs to come)" in o["details"]
     # every complete pair as predicted: still pending, support is never early
     good = dict(ppl, H1K64=10.05, H16K64=9.95)
-    assert X.outcome(heads, rows(good), noise)["outcome"] == X.PENDING
+    assert X.outcome(heads, rows(good), noise)["outcome"] == V.PENDING
     # the sweep's rows it compares with unfinished (A4): pending, no early verdict
     assert X.outcome(heads, [r for r in rows(ppl) if r["row"] != "A4"], noise)["outcome"] == (
-        X.PENDING
+        V.PENDING
     )
     # seed3: Cff4096 really better than Cff1024 with seed 2 refutes it, whatever the other
     # rows' seed 2 will show
@@ -561,8 +562,8 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     seed2 = [run("Cff1024", 2, 10.0), run("Cff4096", 2, 9.7), run("base", 2, 10.0)]
     seed3 = X.BY_NAME["seed3"]
     o = X.outcome(seed3, rows(main) + seed2, noise)
-    assert o["outcome"] == X.PENDING  # Cff4096 0%, 0%, -3%: -1% over 3 seeds is not real
+    assert o["outcome"] == V.PENDING  # Cff4096 0%, 0%, -3%: -1% over 3 seeds is not real
     strong = [r for r in rows(main) if r["row"] != "Cff4096"] + rows({"Cff4096": 9.0})
     o = X.outcome(seed3, strong + seed2, noise)
-    assert o["outcome"] == X.REFUTED and o["details"][0].startswith("decided early, with 3 of 8")
+    assert o["outcome"] == V.REFUTED and o["details"][0].startswith("decided early, with 3 of 8")
     assert "A16 vs base: 2 seeds +4.0%, seed 2 to come" in o["details"]
