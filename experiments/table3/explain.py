@@ -134,13 +134,13 @@ def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | No
     that (the pooled noise, from the sweep's runs, still can)."""
     need = run_list([experiment.name])
     missing = _missing(results, need)
-    unread = _missing(results, [(None, row, s) for row in experiment.reads for s in SEEDS])
+    reads = [(None, row, s) for row in experiment.reads for s in SEEDS]
+    unread = _missing(results, reads)
     if missing:
         head = f"{len(need) - len(missing)} of {len(need)} runs finished"
         # read early only where every run it compares with has its dev curve
         curves = [r for r in results if r.get("dev_curve")]
-        unread_curves = _missing(curves, [(None, r, s) for r in experiment.reads for s in SEEDS])
-        early = experiment.name in EARLY and not unread_curves
+        early = experiment.name in EARLY and not _missing(curves, reads)
         partial = RULES[experiment.name] if early else None
         so_far = partial(results, noise) if partial else {"outcome": PENDING, "details": []}
         if so_far["outcome"] == REFUTED:

@@ -53,15 +53,11 @@ def _ref_of(row: str) -> str:
     return next(c.ref for c in stats.PROTOCOL if c.row == row)
 
 
-def _pair(table: dict, row: str, ref: str, seeds: tuple[int, ...], noise) -> stats.Judgement | None:
-    """The pair's judgement over `seeds`, or None while a run of it is missing."""
+def _pair(table: dict, row: str, ref: str, seeds: tuple[int, ...], noise):
+    """(the pair's judgement, its per-seed differences) over `seeds`, or None while a run of it
+    is missing."""
     s, d = gap(table, row, ref, seeds)
-    return _real(d, noise) if len(s) == len(seeds) else None
-
-
-def _per_seed(table: dict, row: str, ref: str, seeds: tuple[int, ...]) -> str:
-    """The pair's differences seed by seed: the spread beside the pooled verdict."""
-    return ", ".join(f"{d:+.1f}%" for d in gap(table, row, ref, seeds)[1])
+    return (_real(d, noise), d) if len(s) == len(seeds) else None
 
 
 def _e(results, noise):
@@ -96,11 +92,12 @@ def _heads(results, noise):
     lines, real_same_dk, wrong_way, right_way, open_pairs = [], 0, 0, 0, 0
     for row, ref, expect in [(row, ref, None) for row, ref in same_dk] + list(same_h):
         kind = "same d_k, other h" if expect is None else "same h = 8, other d_k"
-        j = _pair(main, row, ref, SEEDS, noise)
-        if j is None:
+        pair = _pair(main, row, ref, SEEDS, noise)
+        if pair is None:
             open_pairs += 1
             lines.append(f"{kind}: {row} vs {ref} (runs to come)")
             continue
+        j, diffs = pair
         note = "real" if j.real else "not real"
         if expect is None:
             real_same_dk += j.real
@@ -109,7 +106,7 @@ def _heads(results, noise):
             right_way += j.real and way == expect
             wrong_way += j.real and way != expect
             note = f"{note + ', ' + way if j.real else note}; predicted {expect}"
-        per_seed = _per_seed(main, row, ref, SEEDS)
+        per_seed = ", ".join(f"{d:+.1f}%" for d in diffs)  # the spread beside the verdict
         lines.append(f"{kind}: {row} vs {ref} {j.mean:+.1f}% (seeds {per_seed}; {note})")
     if real_same_dk >= 2 or wrong_way:  # more pairs cannot undo it
         verdict = REFUTED
@@ -129,11 +126,12 @@ def _seed3(results, noise):
     for row, predicted in cases:
         ref = _ref_of(row)
         j2 = _real(gap(main, row, ref, SEEDS)[1], noise)
-        j3 = _pair(main, row, ref, (0, 1, 2), noise)
-        if j3 is None:
+        pair = _pair(main, row, ref, (0, 1, 2), noise)
+        if pair is None:
             open_pairs += 1
             lines.append(f"{row} vs {ref}: 2 seeds {j2.mean:+.1f}%, seed 2 to come")
             continue
+        j3 = pair[0]
         if predicted == "not real":
             ok, bad = not j3.real, j3.real
         else:
