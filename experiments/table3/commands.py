@@ -1,6 +1,6 @@
 """One `python -m tfm_jax ...` command of a Table 3 run: run from the checkout's root with its
-output appended to the run's log as it comes, retried once without the CPU malloc tunables when
-the kernel killed it, and a failure told in one line that names the log.
+output appended to the run's log as it comes, retried once without the CPU malloc heap tunables
+when the kernel killed it, and a failure told in one line that names the log.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ def run_cmd(
     """Runs `python -m tfm_jax ...`, teeing output to a log; returns stdout's last line.
 
     A command the kernel killed (SIGKILL: on Linux most often its out-of-memory killer) while
-    the CPU malloc tunables were on runs once more without them: they hold the heap at its
-    high-water mark, which the small preset's A32 row takes past 24 GB (4.9 GB without them,
-    the same numbers; tfm_jax/platform/host.py). A train resumes from its last checkpoint.
+    the CPU malloc heap tunables were on runs once more with huge pages only: the heap tunables
+    hold the heap at its high-water mark, which the small preset's A32 row takes past 24 GB
+    (5.0 GB with huge pages only, 1.43x the speed of no tunables, the same numbers;
+    tfm_jax/platform/host.py). A train resumes from its last checkpoint.
     """
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     program = program or [sys.executable, "-m", "tfm_jax"]
@@ -42,14 +43,14 @@ def run_cmd(
     if proc.returncode == -signal.SIGKILL and had_tunables:
         note = (
             f"`python -m tfm_jax {args[0]}` was killed (SIGKILL), most often by the kernel's "
-            "out-of-memory killer; running it again with TFM_JAX_MALLOC_TUNABLES=0 (a smaller "
-            "heap, slower CPU steps, the same numbers)"
+            "out-of-memory killer; running it again with TFM_JAX_MALLOC_TUNABLES=hugepages (a "
+            "smaller heap, ~5% slower CPU steps, the same numbers)"
         )
         print(f"{log_path}: {note}", flush=True)
         with open(log_path, "a") as log:
             log.write(note + "\n")
         retried = True
-        proc = _run_logged(program, args, log_path, host.without_malloc_tunables(env))
+        proc = _run_logged(program, args, log_path, host.without_heap_tunables(env))
     if proc.returncode != 0:
         without = retried or not had_tunables
         raise RuntimeError(failure_message(args[0], proc.returncode, log_path, without))
@@ -96,10 +97,10 @@ def failure_message(
             "reached; rerunning the sweep resumes the run from its last checkpoint"
         )
         msg += (
-            ". It was killed without the CPU malloc tunables too: this run needs a host "
+            ". It was killed without the CPU malloc heap tunables too: this run needs a host "
             "with more memory"
             if without_tunables
-            else ", with less memory under TFM_JAX_MALLOC_TUNABLES=0 in the environment"
+            else ", with less memory under TFM_JAX_MALLOC_TUNABLES=hugepages in the environment"
         )
     return msg
 

@@ -37,6 +37,20 @@ def test_malloc_env_adds_the_tunables_once():
     assert hostenv.malloc_env({"TFM_JAX_MALLOC_TUNABLES": "0"}) is None
 
 
+@pytest.mark.cpu_only
+@needs_glibc_tunables
+def test_malloc_tunables_modes():
+    env = hostenv.malloc_env({"TFM_JAX_MALLOC_TUNABLES": "hugepages"})
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert not hostenv.tunables_active(env)  # glibc's own heap: the resident set is not kept
+    assert hostenv.malloc_env(env) is None
+    assert hostenv.malloc_env({"TFM_JAX_MALLOC_TUNABLES": "1"})["GLIBC_TUNABLES"] == ":".join(
+        hostenv.TUNABLES
+    )
+    with pytest.raises(SystemExit, match=r"TFM_JAX_MALLOC_TUNABLES='yes'.*hugepages"):
+        hostenv.malloc_env({"TFM_JAX_MALLOC_TUNABLES": "yes"})
+
+
 @pytest.mark.multiprocess
 @pytest.mark.cpu_only
 @needs_glibc_tunables
@@ -126,29 +140,31 @@ def test_memory_warning_names_the_limit_and_the_remedy():
     assert hostenv.memory_warning(20 * gb, None, tunables=True) is None  # limit unknown
     msg = hostenv.memory_warning(21 * gb, 24 * gb, tunables=True)
     assert "21.0 GB is 88% of the 24.0 GB" in msg and "SIGKILL" in msg
-    assert "TFM_JAX_MALLOC_TUNABLES=0" in msg
+    assert "TFM_JAX_MALLOC_TUNABLES=hugepages" in msg
     msg = hostenv.memory_warning(23 * gb, 24 * gb, tunables=False)
     assert "TFM_JAX_MALLOC_TUNABLES" not in msg and "optim.accumulate_steps" in msg
     limit = hostenv.memory_limit_bytes()
     assert limit is None or 2**26 < limit < 2**60
 
 
-def test_a_child_without_the_tunables_keeps_the_users_own():
+def test_a_child_without_the_heap_tunables_keeps_huge_pages_and_the_users_own():
     ours = ":".join(hostenv.TUNABLES)
     assert hostenv.tunables_active({"GLIBC_TUNABLES": ours})
     assert not hostenv.tunables_active({"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
     assert hostenv.child_has_tunables({"GLIBC_TUNABLES": ours})  # inherited: no re-exec needed
     assert not hostenv.child_has_tunables({"TFM_JAX_MALLOC_TUNABLES": "0"})
-    env = hostenv.without_malloc_tunables(
+    assert not hostenv.child_has_tunables({"TFM_JAX_MALLOC_TUNABLES": "hugepages"})
+    env = hostenv.without_heap_tunables(
         {"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0:" + ours, "A": "b"}
     )
     assert env == {
-        "GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0",
-        "TFM_JAX_MALLOC_TUNABLES": "0",
+        "GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0:glibc.malloc.hugetlb=1",
+        "TFM_JAX_MALLOC_TUNABLES": "hugepages",
         "A": "b",
     }
     assert not hostenv.child_has_tunables(env)
-    assert "GLIBC_TUNABLES" not in hostenv.without_malloc_tunables({"GLIBC_TUNABLES": ours})
+    heap = ":".join(hostenv.HEAP_TUNABLES)
+    assert "GLIBC_TUNABLES" not in hostenv.without_heap_tunables({"GLIBC_TUNABLES": heap})
 
 
 ZEN3_CPUINFO = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma\n"
@@ -180,3 +196,16 @@ def test_bf16_warning_only_for_bf16_on_a_cpu_without_it():
     assert hostenv.bf16_warning("bfloat16", "cpu", has_bf16=True) is None
     assert hostenv.bf16_warning("bfloat16", "cpu", has_bf16=None) is None  # unknown: say nothing
     assert hostenv.bf16_warning("bfloat16", "gpu", has_bf16=False) is None
+
+
+def test_the_malloc_benchmark_runs_each_setting_with_exactly_its_tunables(monkeypatch):
+    from experiments import malloc_ab
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.rtld.optional_static_tls=0")
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    for setting, tunables in [("none", ()), ("hugetlb", (hostenv.HUGE_PAGES,)), ("all", None)]:
+        env = malloc_ab.env_for(setting)
+        got = tuple(t for t in env.get("GLIBC_TUNABLES", "").split(":") if t)
+        assert got == (hostenv.TUNABLES if tunables is None else tunables), setting
+        assert hostenv.malloc_env(env) is None  # the child re-executes with nothing added
+    assert hostenv.tunables_active(malloc_ab.env_for("all"))

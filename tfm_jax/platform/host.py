@@ -18,16 +18,23 @@ re-execute themselves once with these glibc tunables:
   tokens/s. The growth is not bounded by the step's temporaries: the small Table 3 preset's A32
   row (32 heads of 4; XLA's temporaries 4.1 GB) passed 21 GB in its first 50 steps and was
   killed by the kernel on a 24 GB host, and peaked at 4.9 GB without the tunables, with the same
-  losses to the last printed digit. On a small-memory host, opt out. The training loop warns
-  once its resident memory passes 85% of what the host (or its cgroup) allows
-  (`memory_warning`), and experiments/table3/commands.py runs a command the kernel killed once more
-  without the tunables;
+  losses to the last printed digit. On a small-memory host, use `hugepages` (below). The
+  training loop warns once its resident memory passes 85% of what the host (or its cgroup)
+  allows (`memory_warning`);
 - `glibc.malloc.hugetlb=1` (glibc >= 2.35): the heap is backed by transparent huge pages.
 
 Base f32 step: 13.7 s with none, 10.3 s with huge pages only (1.7 s of kernel time a step),
 9.6-10.1 s with all (0.01 s). The same pid, so signals and process managers are unaffected.
 GPU and TPU hosts (and any process with JAX_PLATFORMS naming an accelerator) are left alone:
-nothing there has been measured to gain from it. Opt out with TFM_JAX_MALLOC_TUNABLES=0; a
+nothing there has been measured to gain from it.
+
+TFM_JAX_MALLOC_TUNABLES chooses (MODES): 1, the default, all of the above; `hugepages`, huge
+pages only, which keep glibc's own heap (freed blocks are unmapped, so the resident set is what
+it would be without tunables) for most of the speed; 0, none. Measured on the small Table 3
+preset (`python -m experiments.malloc_ab`, experiments/results/malloc_ab_20261205.jsonl, the
+same losses to the last digit): base 4,797 / 7,007 / 7,405 target tok/s with none / hugepages /
+all at a peak of 2.8 / 2.8 / 8.7 GB; A32 2,274 / 3,258 tok/s with none / hugepages, both at
+5.0 GB. A command the kernel killed with the heap tunables runs again with `hugepages`. A
 tunable already in GLIBC_TUNABLES is left as the user set it.
 """
 
@@ -37,14 +44,16 @@ import os
 import platform
 import sys
 
-TUNABLES = (
+# The three that keep the heap at its high-water mark (huge pages alone do not).
+HEAP_TUNABLES = (
     "glibc.malloc.arena_max=1",
     "glibc.malloc.mmap_max=0",
     f"glibc.malloc.trim_threshold={2**40}",
-    "glibc.malloc.hugetlb=1",
 )
-# The three that keep the heap at its high-water mark (huge pages alone do not).
-HEAP_TUNABLES = TUNABLES[:3]
+HUGE_PAGES = "glibc.malloc.hugetlb=1"
+TUNABLES = (*HEAP_TUNABLES, HUGE_PAGES)
+# TFM_JAX_MALLOC_TUNABLES's values: the tunables each one asks for.
+MODES = {"1": TUNABLES, "hugepages": (HUGE_PAGES,), "0": ()}
 
 
 def _glibc_has_hugetlb_tunable() -> bool:
@@ -77,7 +86,14 @@ def has_accelerator(environ: dict[str, str] | None = None) -> bool:
 def malloc_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
     """The environment with the tunables added, or None if there is nothing to add."""
     environ = dict(os.environ if environ is None else environ)
-    if environ.get("TFM_JAX_MALLOC_TUNABLES", "1") == "0":
+    mode = environ.get("TFM_JAX_MALLOC_TUNABLES", "1")
+    if mode not in MODES:
+        raise SystemExit(
+            f"TFM_JAX_MALLOC_TUNABLES={mode!r} in the environment: use 1 (the default: huge pages "
+            "and a heap kept at its high-water mark, the fastest CPU steps), hugepages (huge "
+            "pages only: ~5% slower, much less memory) or 0 (glibc's defaults)"
+        )
+    if not MODES[mode]:
         return None
     if has_accelerator(environ):
         return None  # CPU hosts only: measured there, unmeasured on GPU/TPU hosts
@@ -85,7 +101,7 @@ def malloc_env(environ: dict[str, str] | None = None) -> dict[str, str] | None:
         return None
     current = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t]
     names = {t.split("=")[0] for t in current}
-    missing = [t for t in TUNABLES if t.split("=")[0] not in names]
+    missing = [t for t in MODES[mode] if t.split("=")[0] not in names]
     if not missing:
         return None
     environ["GLIBC_TUNABLES"] = ":".join(current + missing)
@@ -154,14 +170,15 @@ def tunables_active(environ: dict[str, str] | None = None) -> bool:
 
 
 def child_has_tunables(environ: dict[str, str]) -> bool:
-    """Whether a `python -m tfm_jax` started with this environment runs with the tunables."""
-    return malloc_env(environ) is not None or tunables_active(environ)
+    """Whether a `python -m tfm_jax` started with this environment runs with the heap tunables."""
+    return tunables_active(malloc_env(environ) or environ)
 
 
-def without_malloc_tunables(environ: dict[str, str]) -> dict[str, str]:
-    """The environment for a child that must run without the tunables (a smaller heap)."""
-    env = dict(environ, TFM_JAX_MALLOC_TUNABLES="0")
-    kept = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t not in TUNABLES]
+def without_heap_tunables(environ: dict[str, str]) -> dict[str, str]:
+    """The environment for a child that must run with a smaller heap: huge pages only (the
+    heap's tunables removed from GLIBC_TUNABLES, the user's others kept)."""
+    env = dict(environ, TFM_JAX_MALLOC_TUNABLES="hugepages")
+    kept = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t not in HEAP_TUNABLES]
     if kept:
         env["GLIBC_TUNABLES"] = ":".join(kept)
     else:
@@ -180,8 +197,9 @@ def memory_warning(rss: int, limit: int | None, tunables: bool) -> str | None:
     if tunables:
         return msg + (
             "The malloc tunables keep the heap at its high-water mark (tfm_jax/platform/host.py); "
-            "if it is killed, resume it with TFM_JAX_MALLOC_TUNABLES=0 in the environment "
-            "(~1.35x slower steps on CPU, often a fraction of the memory, the same numbers)"
+            "if it is killed, resume it with TFM_JAX_MALLOC_TUNABLES=hugepages in the "
+            "environment (~5% slower steps on CPU, often a fraction of the memory, the same "
+            "numbers)"
         )
     return msg + (
         "For less memory at the same tokens an update, start a new run with data.tokens_per_batch "
