@@ -21,7 +21,7 @@ import dataclasses
 
 from experiments.table3 import stats
 from experiments.table3.presets import VARIANTS
-from experiments.table3.rules import EARLY, FLOOR, PENDING, REFUTED, RULES, SEEDS
+from experiments.table3.rules import EARLY, FLOOR, PENDING, REFUTED, RULES, SEEDS, SO_FAR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,22 +128,24 @@ def _missing(results: list[dict], need: list[tuple[str | None, str, int]]) -> li
 
 
 def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | None) -> dict:
-    """{"outcome": supported | refuted | inconclusive | pending, "details": [lines]}. Pending
-    while runs are missing, except that a rule which refutes on any one complete pair (EARLY)
-    is "refuted" as soon as the complete pairs meet it: none of its own runs to come can undo
-    that (the pooled noise, from the sweep's runs, still can)."""
+    """{"outcome": supported | refuted | inconclusive | mixed: ... | pending, "details": [lines],
+    "by_row": {comparison row: its own verdict}, where the rule judges each}. Pending while
+    runs are missing (with the rule's lines "so far", SO_FAR), except that a rule which refutes
+    on any one complete pair (EARLY) is "refuted" as soon as the complete pairs meet it: none
+    of its own runs to come can undo that (the pooled noise, from the sweep's runs, still
+    can)."""
     need = run_list([experiment.name])
     missing = _missing(results, need)
     reads = [(None, row, s) for row in experiment.reads for s in SEEDS]
     unread = _missing(results, reads)
     if missing:
         head = f"{len(need) - len(missing)} of {len(need)} runs finished"
-        # read early only where every run it compares with has its dev curve
+        # read so far only where every run it compares with has its dev curve
         curves = [r for r in results if r.get("dev_curve")]
-        early = experiment.name in EARLY and not _missing(curves, reads)
-        partial = RULES[experiment.name] if early else None
+        readable = experiment.name in SO_FAR and not _missing(curves, reads)
+        partial = RULES[experiment.name] if readable else None
         so_far = partial(results, noise) if partial else {"outcome": PENDING, "details": []}
-        if so_far["outcome"] == REFUTED:
+        if so_far["outcome"] == REFUTED and experiment.name in EARLY:
             return {
                 "outcome": REFUTED,
                 "details": [
@@ -154,13 +156,21 @@ def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | No
                 ],
             }
         lines = [f"so far, {d}" for d in so_far["details"]]
-        return {"outcome": PENDING, "details": [f"{head}; to run: {', '.join(missing)}", *lines]}
+        details = [f"{head}; to run: {', '.join(missing)}", *lines]
+        # a comparison whose own runs are all in has its verdict (budget, data judge each)
+        return {"outcome": PENDING, "details": details, "by_row": so_far.get("by_row", {})}
     if unread:
         return {
             "outcome": PENDING,
             "details": [f"its runs are finished; the sweep's to finish: {', '.join(unread)}"],
         }
     return RULES[experiment.name](results, noise)
+
+
+def _verdict_for(experiment: Experiment, row: str, results: list[dict], noise) -> str:
+    """The experiment's verdict on one comparison: its own where the rule judges each."""
+    o = outcome(experiment, results, noise)
+    return o.get("by_row", {}).get(row, o["outcome"])
 
 
 def explanation_lines(
@@ -195,7 +205,7 @@ def explanation_lines(
     lines += ["Comparisons not reproduced or tied, and what tests them:", ""]
     for row in disagreeing:
         tested = [
-            f"{e.name} ({outcome(e, results, noise)['outcome']})" for e in experiments_for(row)
+            f"{e.name} ({_verdict_for(e, row, results, noise)})" for e in experiments_for(row)
         ]
         if row == "big" and not any(r["row"] == "big" and not r.get("variant") for r in results):
             tested = [

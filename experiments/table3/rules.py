@@ -161,59 +161,68 @@ def _seed3(results, noise):
 def _budget(results, noise):
     long = _table(results, "s2400")
     first = _table(results, "s2400", upto=1200)
-    lines, moved = [], []
+    lines, by_row = [], {}
     for row in ("C8", "Cff4096"):
         ref = _ref_of(row)
         target = paper_gap(row, ref)
-        g1, g2 = _mean(gap(first, row, ref)[1]), _mean(gap(long, row, ref)[1])
+        pairs = [_pair(t, row, ref, SEEDS, None) for t in (first, long)]
+        if None in pairs:  # its runs or its reference's are still to come
+            lines.append(f"{row} vs {ref}: (runs to come)")
+            continue
+        g1, g2 = (p[0].mean for p in pairs)
         nearer = abs(g1 - target) - abs(g2 - target)
-        moved.append(nearer)
+        by_row[row] = _moved(nearer)
         lines.append(
             f"{row} vs {ref}: best of 1,200 steps {g1:+.1f}%, of 2,400 {g2:+.1f}% "
-            f"(the paper {target:+.1f}%): {nearer:+.1f} points nearer"
+            f"(the paper {target:+.1f}%): {nearer:+.1f} points nearer: {by_row[row]}"
         )
-    return {"outcome": _per_item(moved, FLOOR, FLOOR / 2), "details": lines}
+    return _verdict(by_row, ("C8", "Cff4096"), lines)
 
 
 def _data(results, noise):
-    full = _table(results, None)
-    half, quarter = _table(results, "f50"), _table(results, "f25")
-    lines, verdicts = [], []
+    tables = [_table(results, v) for v in (None, "f50", "f25")]
+    lines, by_row = [], {}
     for row in ("D0.2", "Dls0.0", "C1024"):
         target = paper_gap(row, "base")
-        g = [_mean(gap(t, row, "base", SEEDS)[1]) for t in (full, half, quarter)]
-        away = [abs(x - target) for x in g]
+        pairs = [_pair(t, row, "base", SEEDS, None) for t in tables]
+        shown = " / ".join("(to come)" if p is None else f"{p[0].mean:+.1f}%" for p in pairs)
+        line = f"{row} vs base on 100% / 50% / 25% of the pairs: {shown} (the paper {target:+.1f}%)"
+        if None in pairs:
+            lines.append(line)
+            continue
+        away = [abs(p[0].mean - target) for p in pairs]
         further = away[2] - away[0]
-        if further > FLOOR and away[1] >= away[0] - FLOOR / 2:
-            verdicts.append(SUPPORTED)
-        elif further < FLOOR / 2:
-            verdicts.append(REFUTED)
-        else:
-            verdicts.append(INCONCLUSIVE)
-        lines.append(
-            f"{row} vs base on 100% / 50% / 25% of the pairs: {g[0]:+.1f}% / "
-            f"{g[1]:+.1f}% / {g[2]:+.1f}% (the paper {target:+.1f}%): {verdicts[-1]}"
-        )
-    return {"outcome": _combine(verdicts), "details": lines}
+        by_row[row] = _moved(further)
+        if by_row[row] == SUPPORTED and away[1] < away[0] - FLOOR / 2:
+            by_row[row] = INCONCLUSIVE  # further on 25% but nearer on 50%: no trend
+        lines.append(f"{line}: {by_row[row]}")
+    return _verdict(by_row, ("D0.2", "Dls0.0", "C1024"), lines)
 
 
-def _per_item(values: list[float], support: float, refute: float) -> str:
-    verdicts = [
-        SUPPORTED if v > support else REFUTED if v < refute else INCONCLUSIVE for v in values
-    ]
-    return _combine(verdicts)
+def _moved(points: float) -> str:
+    """Moved toward what the explanation predicts by `points`: past FLOOR supports it, under
+    half of FLOOR refutes it, in between neither."""
+    return SUPPORTED if points > FLOOR else REFUTED if points < FLOOR / 2 else INCONCLUSIVE
 
 
-def _combine(verdicts: list[str]) -> str:
-    """All supported: supported; all refuted: refuted; else each comparison's own (mixed)."""
-    if all(v == SUPPORTED for v in verdicts):
-        return SUPPORTED
-    if all(v == REFUTED for v in verdicts):
-        return REFUTED
-    return "mixed: " + ", ".join(verdicts)
+def _verdict(by_row: dict[str, str], rows: tuple[str, ...], lines: list[str]) -> dict:
+    """The experiment's outcome from its comparisons' own verdicts (each in by_row, which the
+    report lists per comparison): the one they share if they agree, else "mixed", naming
+    each; pending while a comparison's runs are missing."""
+    verdicts = [by_row.get(row) for row in rows]
+    if None in verdicts:
+        outcome = PENDING
+    elif len(set(verdicts)) == 1:
+        outcome = verdicts[0]
+    else:
+        outcome = "mixed: " + ", ".join(f"{row} {by_row[row]}" for row in rows)
+    return {"outcome": outcome, "details": lines, "by_row": by_row}
 
 
 RULES = {"E": _e, "heads": _heads, "seed3": _seed3, "budget": _budget, "data": _data}
 # the rules that refute on any one complete pair, whatever the others show: outcome() may
 # decide them "refuted" before every run has finished (never "supported")
 EARLY = ("heads", "seed3")
+# the rules that also read a sweep still running, for the report's "so far" lines (their
+# outcome then is "pending", whatever they say, unless EARLY)
+SO_FAR = (*EARLY, "budget", "data")

@@ -496,7 +496,11 @@ def test_explanation_outcomes_by_their_registered_rules():
     away = stays + long("C8", 10.5, 9.5) + long("Cff4096", 10.0, 9.2)
     assert X.outcome(budget, away, noise)["outcome"] == V.REFUTED
     mixed = stays + long("C8", 10.5, 9.05) + long("Cff4096", 10.0, 9.2)
-    assert X.outcome(budget, mixed, noise)["outcome"] == "mixed: supported, refuted"
+    o = X.outcome(budget, mixed, noise)
+    assert o["outcome"] == "mixed: C8 supported, Cff4096 refuted"
+    assert o["by_row"] == {"C8": V.SUPPORTED, "Cff4096": V.REFUTED}
+    assert ("C8 vs base: best of 1,200 steps +5.0%, of 2,400 +0.6% (the paper -0.8%): +4.4 "
+            "points nearer: supported") in o["details"]  # fmt: skip
 
     # data: every gap further from the paper's on 25% of the pairs -> supported
     def at(variant, gaps):
@@ -511,6 +515,44 @@ def test_explanation_outcomes_by_their_registered_rules():
     assert X.outcome(data, further, noise)["outcome"] == V.SUPPORTED
     flat = at(None, full) + at("f50", full) + at("f25", full)
     assert X.outcome(data, flat, noise)["outcome"] == V.REFUTED
+    # further on 25% but nearer on 50% is no trend: inconclusive for that comparison
+    zigzag = at(None, full) + at("f50", {"D0.2": -3.0, "Dls0.0": 12.0, "C1024": 3.0})
+    zigzag += at("f25", {"D0.2": -12.0, "Dls0.0": 15.0, "C1024": 6.0})
+    o = X.outcome(data, zigzag, noise)
+    assert o["outcome"] == "mixed: D0.2 inconclusive, Dls0.0 supported, C1024 supported"
+    assert ("D0.2 vs base on 100% / 50% / 25% of the pairs: -7.0% / -3.0% / -12.0% "
+            "(the paper +0.6%): inconclusive") in o["details"]  # fmt: skip
+
+
+def test_budget_and_data_read_so_far_and_judge_each_comparison_whose_runs_are_in():
+    """A sweep still running: budget and data say what their complete pairs show so far, and a
+    comparison whose own runs are all in has its verdict in the list of what tests it, while
+    the experiment stays pending."""
+    noise = S.Noise(sd=1.0, df=12, comparisons=12)
+
+    def long(row, at1200, at2400, seeds=(0, 1)):
+        return [run(row, s, None, "s2400", curve_to({1200: at1200, 2400: at2400})) for s in seeds]
+
+    budget = X.BY_NAME["budget"]
+    part = long("base", 10.0, 9.0) + long("C8", 10.5, 9.05) + long("Cff1024", 10.0, 9.0, (0,))
+    o = X.outcome(budget, part, noise)
+    assert o["outcome"] == V.PENDING
+    assert o["details"][0].startswith("5 of 8 runs finished; to run: s2400/Cff1024 seed 1")
+    assert o["details"][1].startswith("so far, C8 vs base: best of 1,200 steps +5.0%, of 2,400")
+    assert o["details"][2] == "so far, Cff4096 vs Cff1024: (runs to come)"
+    assert o["by_row"] == {"C8": V.SUPPORTED}
+    # data: base and D0.2 on 50% of the pairs, nothing on 25% yet
+    main = [run(r, s, p) for r, p in (("base", 10.0), ("D0.2", 9.3), ("Dls0.0", 10.9),
+                                      ("C1024", 10.1)) for s in (0, 1)]  # fmt: skip
+    half = [run(r, s, p, "f50") for r, p in (("base", 10.0), ("D0.2", 9.0)) for s in (0, 1)]
+    o = X.outcome(X.BY_NAME["data"], main + half, noise)
+    assert o["outcome"] == V.PENDING and o["by_row"] == {}
+    assert ("so far, D0.2 vs base on 100% / 50% / 25% of the pairs: -7.0% / -10.0% / (to come) "
+            "(the paper +0.6%)") in o["details"]  # fmt: skip
+    # the report's list: C8's own verdict under budget, Cff4096's pending
+    lines = X.explanation_lines(main + part, noise, ["C8", "Cff4096"])
+    assert "- C8: seed3 (pending), budget (supported)" in lines
+    assert "- Cff4096: seed3 (pending), budget (pending)" in lines
 
 
 def test_every_comparison_the_sweep_did_not_reproduce_has_an_experiment():
