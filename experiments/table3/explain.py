@@ -109,12 +109,15 @@ def experiments_for(comparison_row: str) -> list[Experiment]:
 
 
 def run_list(names: list[str]) -> list[tuple[str | None, str, int]]:
-    """(variant, row, seed) of the named experiments' runs, in order, each once."""
+    """(variant, row, seed) of the named experiments' runs, in order, each once: row by row,
+    each row in every variant, so that a sweep cut short has whole comparisons (data judges a
+    row once it ran on 50% and on 25% of the pairs), not one variant of each."""
     out: list[tuple[str | None, str, int]] = []
     for name in names:
-        for variant, rows, seeds in BY_NAME[name].runs:
-            for row in rows:
-                for seed in seeds:
+        groups = BY_NAME[name].runs
+        for row in dict.fromkeys(row for _, rows, _ in groups for row in rows):
+            for variant, rows, seeds in groups:
+                for seed in seeds if row in rows else ():
                     if (variant, row, seed) not in out:
                         out.append((variant, row, seed))
     return out

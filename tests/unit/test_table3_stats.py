@@ -562,6 +562,11 @@ def test_every_comparison_the_sweep_did_not_reproduce_has_an_experiment():
         assert X.experiments_for(row), row
     for variant, row, _ in X.run_list(list(X.BY_NAME)):
         assert row in presets.ALL_ROWS and (variant is None or variant in X.VARIANTS)
+    # row by row through the variants: a sweep cut short leaves whole comparisons
+    data = X.run_list(["data"])
+    assert data[:6] == [("f50", "base", 0), ("f50", "base", 1), ("f25", "base", 0),
+                        ("f25", "base", 1), ("f50", "D0.2", 0), ("f50", "D0.2", 1)]  # fmt: skip
+    assert len(data) == len(set(data)) == 16
 
 
 def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
