@@ -157,11 +157,12 @@ def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | No
                     "(a change in the pooled noise could, as it could any verdict here)",
                     *so_far["details"],
                 ],
+                **_by_row(so_far),
             }
         lines = [f"so far, {d}" for d in so_far["details"]]
         details = [f"{head}; to run: {', '.join(missing)}", *lines]
-        # a comparison whose own runs are all in has its verdict (budget, data judge each)
-        return {"outcome": PENDING, "details": details, "by_row": so_far.get("by_row", {})}
+        # a comparison whose own runs are all in has its verdict (where the rule judges each)
+        return {"outcome": PENDING, "details": details, **_by_row(so_far)}
     if unread:
         return {
             "outcome": PENDING,
@@ -170,10 +171,16 @@ def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | No
     return RULES[experiment.name](results, noise)
 
 
+def _by_row(judged: dict) -> dict:
+    """The rule's per-comparison verdicts, where it judges each (else nothing)."""
+    return {"by_row": judged["by_row"]} if "by_row" in judged else {}
+
+
 def _verdict_for(experiment: Experiment, row: str, results: list[dict], noise) -> str:
-    """The experiment's verdict on one comparison: its own where the rule judges each."""
+    """The experiment's verdict on one comparison: where the rule judges each, that
+    comparison's own (pending until its pairs are in), else the experiment's."""
     o = outcome(experiment, results, noise)
-    return o.get("by_row", {}).get(row, o["outcome"])
+    return o["by_row"].get(row, PENDING) if "by_row" in o else o["outcome"]
 
 
 def explanation_lines(

@@ -121,7 +121,7 @@ def _heads(results, noise):
 
 def _seed3(results, noise):
     main = _table(results, None)
-    lines, refuted, held, open_pairs = [], 0, 0, 0
+    lines, refuted, held, open_pairs, by_row = [], 0, 0, 0, {}
     cases = [("Cff4096", "not real")] + [(r, "real") for r in ("A16", "C8", "D0.2", "E")]
     for row, predicted in cases:
         ref = _ref_of(row)
@@ -139,12 +139,15 @@ def _seed3(results, noise):
             bad = not j3.real and abs(j3.mean) < FLOOR
         held += ok
         refuted += bad
+        by_row[row] = SUPPORTED if ok else REFUTED if bad else INCONCLUSIVE
         lines.append(
             f"{row} vs {ref}: 2 seeds {j2.mean:+.1f}%, 3 seeds {j3.mean:+.1f}% "
             f"({'real' if j3.real else 'not real'}; predicted {predicted})"
         )
     _, g = gap(main, "C1024", "base", (0, 1, 2))
     j = _real(g, noise)
+    if len(g) == 3:
+        by_row["C1024"] = "no prediction"
     lines.append(
         f"C1024 vs base (its verdict, no prediction): {j.mean:+.1f}% over {len(g)} seeds "
         f"({'real' if j.real else 'not real'})"
@@ -155,7 +158,7 @@ def _seed3(results, noise):
         verdict = PENDING
     else:
         verdict = SUPPORTED if held == len(cases) else INCONCLUSIVE
-    return {"outcome": verdict, "details": lines}
+    return {"outcome": verdict, "details": lines, "by_row": by_row}
 
 
 def _budget(results, noise):

@@ -581,6 +581,7 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     assert o["outcome"] == V.REFUTED
     assert o["details"][0].startswith("decided early, with 6 of 8 runs finished")
     assert "(H8K128 seed 0, H8K128 seed 1) cannot undo" in o["details"][0]
+    assert "- A1: heads (refuted)" in X.explanation_lines(rows(ppl), noise, ["A1"])
     assert "same d_k, other h: H1K64 vs base +10.0% (seeds +10.0%, +10.0%; real)" in o["details"]
     assert "same h = 8, other d_k: H8K128 vs base (runs to come)" in o["details"]
     # H16K64 with one seed is no pair yet, and one real pair refutes nothing: pending, with
@@ -614,3 +615,17 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     o = X.outcome(seed3, strong + seed2, noise)
     assert o["outcome"] == V.REFUTED and o["details"][0].startswith("decided early, with 3 of 8")
     assert "A16 vs base: 2 seeds +4.0%, seed 2 to come" in o["details"]
+    # each comparison's own: Cff4096's pair refuted it; A16's seed 2 is still to come
+    assert o["by_row"] == {"Cff4096": V.REFUTED}
+    lines = X.explanation_lines(strong + seed2, noise, ["A16", "Cff4096"])
+    assert "- Cff4096: seed3 (refuted), budget (pending)" in lines
+    assert "- A16: heads (pending), seed3 (pending)" in lines
+    # every seed 2 in, each as predicted: supported, and C1024 (no prediction) says so
+    rest = [run(r, 2, main[r] * (0.999 if r == "Cff4096" else 1)) for r in main
+            if r not in ("base", "Cff1024", "Cff4096")]  # fmt: skip
+    full = rows(main) + seed2[:1] + [run("Cff4096", 2, 10.0), seed2[2]] + rest
+    o = X.outcome(seed3, full, noise)
+    assert o["outcome"] == V.SUPPORTED
+    assert o["by_row"] == dict.fromkeys(("Cff4096", "A16", "C8", "D0.2", "E"), V.SUPPORTED) | {
+        "C1024": "no prediction"
+    }
