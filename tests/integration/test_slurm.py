@@ -2,7 +2,8 @@
 tests/helpers/slurm.py): 2 tasks of a tiny run, preempted twice as SLURM does it (the SIGTERM of
 a time limit, which the template answers by requeueing itself, then the scheduler's own
 `scontrol requeue`), rerun and resumed each time; the final params must equal those of the same
-job submitted without interruption.
+job submitted without interruption. With a stand-in for `train` (fast): a stop whose tasks
+finish seconds apart is still requeued, and a crashed task fails the job in bounded time.
 
 Skips, with the reason, where SLURM cannot start (not root, no apt-get); `.ci/run` installs it
 and sets TFM_JAX_REQUIRE_SLURM=1, under which not starting is a failure, not a skip.
@@ -133,3 +134,62 @@ def test_template_preempted_twice_resumes_to_the_uninterrupted_params(slurm, cor
     b = jax.device_get(reading.load_params(tmp_path / "preempted", str(STEPS), abstract))
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+# A stand-in for `python -m tfm_jax train` in each task: how it exits, not what it trains.
+# "stagger": on the first attempt task 1 stops at once and task 0 3 s later, both 75 (a real
+# preemption's tasks finish their stop at different times); a rerun exits 0. "crash": task 1
+# fails (1) while task 0 hangs, as in a collective whose peer died.
+STUB = """#!/bin/bash
+echo "stub task ${SLURM_PROCID} attempt ${SLURM_RESTART_COUNT:-0}"
+if [ "${STUB_MODE}" = crash ]; then
+    [ "${SLURM_PROCID}" = 1 ] && exit 1
+    exec sleep 600
+fi
+[ "${SLURM_RESTART_COUNT:-0}" != 0 ] && exit 0
+[ "${SLURM_PROCID}" = 0 ] && sleep 3
+exit 75
+"""
+
+
+def submit_stub(slurm, tmp_path, mode, output, **env):
+    stub = tmp_path / "python"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    env = dict(slurm.env, WORKDIR=str(tmp_path / "w"), ACCELERATOR_DEFAULTS="",
+               PYTHON=str(stub), STUB_MODE=mode, **env)  # fmt: skip
+    argv = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
+            "--cpus-per-task=1", "--time=5", f"--output={output}", TEMPLATE]  # fmt: skip
+    p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip().split(";")[0]
+
+
+def test_template_requeues_a_stop_whose_tasks_finish_at_different_times(slurm, tmp_path):
+    """Both tasks exit 75 ("resume me"), 3 s apart: the job is requeued and the rerun completes.
+    Under --kill-on-bad-exit srun killed the slower task when the first exited 75, returned
+    143 and the job FAILED: once seen in CI with the machine loaded."""
+    out = tmp_path / "stagger.out"
+    job = submit_stub(slurm, tmp_path, "stagger", out)
+    deadline = time.time() + 120
+    while not finished(slurm, job) and time.time() < deadline:
+        time.sleep(0.5)
+    info = slurm.job(job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (info, out.read_text())
+    first = attempts(out)[0]
+    assert "requeueing job" in first, first
+    assert "stub task 0 attempt 0" in first and "stub task 1 attempt 0" in first, first
+
+
+def test_template_fails_a_crashed_task_without_waiting_for_ever(slurm, tmp_path):
+    """A task that fails while the other hangs: srun ends the other STRAGGLER_SECS later and
+    the job FAILS, not requeued (a crash is not a stop to resume)."""
+    out = tmp_path / "crash.out"
+    t0 = time.time()
+    job = submit_stub(slurm, tmp_path, "crash", out, STRAGGLER_SECS="3")
+    while not finished(slurm, job) and time.time() - t0 < 120:
+        time.sleep(0.5)
+    info = slurm.job(job)
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", (info, out.read_text())
+    assert "requeueing" not in out.read_text()
+    assert time.time() - t0 < 60, "the hanging task was not ended"
