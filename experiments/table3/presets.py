@@ -73,14 +73,25 @@ class Variant:
 
     overrides: dict  # extra --config.* of every run
     steps: int | None = None  # base's budget (None: the sweep's)
-    eval_every: int | None = None  # None: the sweep's (budget / 10)
+    eval_every: int | None = None  # base's (big: 3x, as its budget); None: the sweep's
     about: str = ""
+    # only the budget changes: a run starts from its main run's final checkpoint where that is
+    # on disk (runner.continue_main_run), so the first part is not trained twice
+    continues: bool = False
 
 
 VARIANTS: dict[str, Variant] = {
     # The schedule does not depend on train.num_steps, so these runs are the 1,200-step runs
-    # continued: the same numbers to step 1,200, evaluated at the same steps.
-    "s2400": Variant({}, steps=2400, eval_every=120, about="2,400 steps (twice the budget)"),
+    # continued: the same numbers to step 1,200, evaluated at the same steps (big: 7,200
+    # steps, from its 3,600, evaluated every 360 as there).
+    "s2400": Variant(
+        {},
+        steps=2400,
+        eval_every=120,
+        about="2,400 steps (twice the budget; big 7,200), continued from the main run's last "
+        "checkpoint where it is on disk",
+        continues=True,
+    ),
     "f50": Variant({"data.train_split": "train[:50%]"}, about="the first 50% of the pairs"),
     "f25": Variant({"data.train_split": "train[:25%]"}, about="the first 25% of the pairs"),
 }
@@ -182,7 +193,8 @@ def run_overrides(
     vocabulary every row and seed share, and a variant's changes (VARIANTS)."""
     v = VARIANTS[variant] if variant else None
     if v is not None:
-        steps, eval_every = v.steps or steps, v.eval_every or eval_every
+        steps = v.steps or steps
+        eval_every = v.eval_every * step_multiple(row) if v.eval_every else eval_every
     o = preset_overrides(preset, row, data_dir, steps)
     if v is not None:
         o.update(v.overrides)

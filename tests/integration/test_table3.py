@@ -7,6 +7,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -92,6 +93,10 @@ def test_budget_seed_and_vocabulary_per_run():
     s2400 = presets.run_overrides("small", "C8", 1, "/r", variant="s2400")
     assert f50["data.train_split"] == "train[:50%]" and f50["train.num_steps"] == 1200
     assert s2400["train.num_steps"] == 2400 and s2400["train.eval_every_steps"] == 120
+    # big keeps its 3x there, and evaluates as often as in its main run (its curve continues)
+    big = presets.run_overrides("small", "big", 0, "/r", variant="s2400")
+    assert big["train.num_steps"] == 7200 and big["train.eval_every_steps"] == 360
+    assert presets.run_overrides("small", "big", 0, "/r")["train.eval_every_steps"] == 360
     assert f50["data.vocab_path"] == s2400["data.vocab_path"] == a["data.vocab_path"]
     # results are compared as the files they name on any machine: the vocabulary by its place
     # under the root, the data by its place beside the checkout
@@ -395,3 +400,33 @@ def test_device_script_trains_what_is_missing_and_brings_back_what_finished(tmp_
     assert names == []  # nothing finishes in 5 s
     left = subprocess.run(["pgrep", "-f", str(cut / "root")], capture_output=True, text=True)
     assert left.stdout == "", left.stdout  # no run goes on training
+
+
+@pytest.mark.slow
+def test_a_longer_budget_continues_the_main_run_as_if_trained_from_scratch(tmp_path, monkeypatch):
+    """A variant that only lengthens the budget (s2400) starts from its main run's final
+    checkpoint, with the main run's dev curve, and ends where the same run from step 0 ends:
+    the schedule does not depend on train.num_steps and a resume is bitwise exact."""
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=600, n_val=16)
+    monkeypatch.setitem(
+        presets.VARIANTS, "s10", presets.Variant({}, steps=10, eval_every=5, continues=True)
+    )
+    root = tmp_path / "runs"
+    kw = dict(preset="micro", row="base", seed=0, root=str(root), data_dir=str(corpus))
+    main = runner.run_one(**kw)
+    assert [s for s, _ in main["dev_curve"]] == [5]
+    continued = runner.run_one(**kw, variant="s10")
+    assert continued["continued_from"] == {"run": str(root / "base" / "seed0"), "step": 5}
+    assert continued["dev_curve"][0] == main["dev_curve"][0]
+    log = (root / "variants" / "s10" / "base" / "seed0" / "log.txt").read_text()
+    assert "Resumed from step 5 in" in log  # it trained steps 6..10 only
+
+    # the same variant again, its main run's checkpoints gone: it trains from step 0
+    (root / "variants").rename(tmp_path / "continued")
+    for ckpt in (root / "base" / "seed0" / "checkpoints").iterdir():
+        shutil.rmtree(ckpt)
+    scratch = runner.run_one(**kw, variant="s10")
+    assert "continued_from" not in scratch
+    assert [s for s, _ in scratch["dev_curve"]] == [5, 10]
+    assert scratch["dev_curve"] == continued["dev_curve"]
+    assert scratch["bleu"] == continued["bleu"] and scratch["ppl"] == continued["ppl"]
