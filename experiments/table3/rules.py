@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from experiments.table3 import stats
-from experiments.table3.presets import TABLE3
+from experiments.table3.presets import TABLE3, step_multiple
 
 SUPPORTED, REFUTED, INCONCLUSIVE, PENDING = "supported", "refuted", "inconclusive", "pending"
 FLOOR = stats.MIN_EFFECT["ppl"]  # 2% of the reference's dev PPL
@@ -24,11 +24,13 @@ def best_ppl(result: dict, upto: int | None = None) -> float:
 
 
 def _table(results: list[dict], variant: str | None, upto: int | None = None) -> dict:
-    """{row: {seed: best dev PPL}} of one variant's runs (None: the main sweep)."""
+    """{row: {seed: best dev PPL}} of one variant's runs (None: the main sweep), at or before
+    base's step `upto` (a row's own: `upto` x its steps over base's, big 3x)."""
     out: dict[str, dict[int, float]] = {}
     for r in results:
         if r.get("variant") == variant and r.get("dev_curve"):
-            out.setdefault(r["row"], {})[int(r["seed"])] = best_ppl(r, upto)
+            cut = upto * step_multiple(r["row"]) if upto else None
+            out.setdefault(r["row"], {})[int(r["seed"])] = best_ppl(r, cut)
     return out
 
 
@@ -161,12 +163,15 @@ def _seed3(results, noise):
     return {"outcome": verdict, "details": lines, "by_row": by_row}
 
 
+BUDGET_ROWS = ("C8", "Cff4096", "big")  # big against base's 2,400 steps at its own 3x
+
+
 def _budget(results, noise):
     long = _table(results, "s2400")
     first = _table(results, "s2400", upto=1200)
     lines, by_row = [], {}
-    for row in ("C8", "Cff4096"):
-        ref = _ref_of(row)
+    for row in BUDGET_ROWS:
+        ref, k = _ref_of(row), step_multiple(row)
         target = paper_gap(row, ref)
         pairs = [_pair(t, row, ref, SEEDS, None) for t in (first, long)]
         if None in pairs:  # its runs or its reference's are still to come
@@ -176,10 +181,10 @@ def _budget(results, noise):
         nearer = abs(g1 - target) - abs(g2 - target)
         by_row[row] = _moved(nearer)
         lines.append(
-            f"{row} vs {ref}: best of 1,200 steps {g1:+.1f}%, of 2,400 {g2:+.1f}% "
+            f"{row} vs {ref}: best of {1200 * k:,} steps {g1:+.1f}%, of {2400 * k:,} {g2:+.1f}% "
             f"(the paper {target:+.1f}%): {nearer:+.1f} points nearer: {by_row[row]}"
         )
-    return _verdict(by_row, ("C8", "Cff4096"), lines)
+    return _verdict(by_row, BUDGET_ROWS, lines)
 
 
 def _data(results, noise):

@@ -489,18 +489,26 @@ def test_explanation_outcomes_by_their_registered_rules():
     def long(row, at1200, at2400):
         return [run(row, s, None, "s2400", curve_to({1200: at1200, 2400: at2400})) for s in (0, 1)]
 
+    # big at its own 3x: the best of its first 3,600 steps, then of 7,200, against base's
+    # 1,200 and 2,400 (not its best by step 1,200, nor one past 3,600)
+    def big(at3600, at7200):
+        curve = curve_to({1200: 12.0, 3600: at3600, 4800: min(at3600, 9.9), 7200: at7200})
+        return [run("big", s, None, "s2400", curve) for s in (0, 1)]
+
     budget = X.BY_NAME["budget"]
     stays = long("base", 10.0, 9.0) + long("Cff1024", 10.0, 9.0)
     closes = stays + long("C8", 10.5, 9.05) + long("Cff4096", 10.0, 8.3)  # C8 +5 -> +0.6
-    assert X.outcome(budget, closes, noise)["outcome"] == V.SUPPORTED
-    away = stays + long("C8", 10.5, 9.5) + long("Cff4096", 10.0, 9.2)
+    assert X.outcome(budget, closes + big(10.0, 8.0), noise)["outcome"] == V.SUPPORTED
+    away = stays + long("C8", 10.5, 9.5) + long("Cff4096", 10.0, 9.2) + big(10.0, 9.0)
     assert X.outcome(budget, away, noise)["outcome"] == V.REFUTED
-    mixed = stays + long("C8", 10.5, 9.05) + long("Cff4096", 10.0, 9.2)
+    mixed = stays + long("C8", 10.5, 9.05) + long("Cff4096", 10.0, 9.2) + big(10.0, 8.0)
     o = X.outcome(budget, mixed, noise)
-    assert o["outcome"] == "mixed: C8 supported, Cff4096 refuted"
-    assert o["by_row"] == {"C8": V.SUPPORTED, "Cff4096": V.REFUTED}
+    assert o["outcome"] == "mixed: C8 supported, Cff4096 refuted, big supported"
+    assert o["by_row"] == {"C8": V.SUPPORTED, "Cff4096": V.REFUTED, "big": V.SUPPORTED}
     assert ("C8 vs base: best of 1,200 steps +5.0%, of 2,400 +0.6% (the paper -0.8%): +4.4 "
             "points nearer: supported") in o["details"]  # fmt: skip
+    assert ("big vs base: best of 3,600 steps +0.0%, of 7,200 -11.1% (the paper -12.0%): "
+            "+11.1 points nearer: supported") in o["details"]  # fmt: skip
 
     # data: every gap further from the paper's on 25% of the pairs -> supported
     def at(variant, gaps):
@@ -537,9 +545,10 @@ def test_budget_and_data_read_so_far_and_judge_each_comparison_whose_runs_are_in
     part = long("base", 10.0, 9.0) + long("C8", 10.5, 9.05) + long("Cff1024", 10.0, 9.0, (0,))
     o = X.outcome(budget, part, noise)
     assert o["outcome"] == V.PENDING
-    assert o["details"][0].startswith("5 of 8 runs finished; to run: s2400/Cff1024 seed 1")
+    assert o["details"][0].startswith("5 of 10 runs finished; to run: s2400/Cff1024 seed 1")
     assert o["details"][1].startswith("so far, C8 vs base: best of 1,200 steps +5.0%, of 2,400")
-    assert o["details"][2] == "so far, Cff4096 vs Cff1024: (runs to come)"
+    assert o["details"][2:] == ["so far, Cff4096 vs Cff1024: (runs to come)",
+                                "so far, big vs base: (runs to come)"]  # fmt: skip
     assert o["by_row"] == {"C8": V.SUPPORTED}
     # data: base and D0.2 on 50% of the pairs, nothing on 25% yet
     main = [run(r, s, p) for r, p in (("base", 10.0), ("D0.2", 9.3), ("Dls0.0", 10.9),
