@@ -276,46 +276,31 @@ def run_one(
 CONTINUED = "continued_from.json"
 
 
-def continue_main_run(root: str, row: str, seed: int, workdir: str, overrides: dict) -> bool:
+def continue_main_run(root: str, row: str, seed: int, workdir: str, overrides: dict) -> None:
     """Starts a variant run that only lengthens the budget (Variant.continues) from its main
     run's final checkpoint, with the main run's metrics (its dev curve to there), when that
     checkpoint is on disk and the main run was this run but for train.num_steps: the schedule
     does not depend on train.num_steps and a resume is bitwise exact, so the result is the
-    longer run's, its first part not trained twice. Called before the run's harness.json is
-    written: a copy cut off is made again from scratch. False: it trains from step 0."""
+    longer run's, its first part not trained twice. Otherwise it trains from step 0. Called
+    before the run's harness.json is written: a copy cut off is made again from scratch."""
     main = workdir_of(root, row, seed)
     try:
         recorded = json.loads(storage.read_text(storage.join(main, "result.json")))["overrides"]
     except (OSError, ValueError, KeyError):
-        return False
+        return
     end = recorded.get("train.num_steps")
     same = {k: v for k, v in _substance(overrides).items() if k != "train.num_steps"}
     if _substance(recorded) != dict(same, **{"train.num_steps": end}):
-        return False
-    main_ckpts = layout.checkpoints_dir(main)
-    if layout.latest_step_on_disk(main) != end or layout.step_incomplete_reason(main_ckpts, end):
-        return False
-    ckpts = str(layout.checkpoints_dir(workdir))
-    storage.rmtree(ckpts)  # what a copy cut off left
-    if storage.exists(metrics := storage.join(workdir, "metrics.jsonl")):
-        storage.path(metrics).unlink()
-    _copy(storage.join(main, "metrics.jsonl"), metrics)
-    _copy(storage.join(str(main_ckpts), str(end)), storage.join(ckpts, str(end)))
+        return
+    if layout.latest_step_on_disk(main) != end or layout.step_incomplete_reason(
+        layout.checkpoints_dir(main), end
+    ):
+        return
+    storage.rmtree(str(layout.checkpoints_dir(workdir)))  # what a copy cut off left
+    storage.copy_tree(storage.join(main, "metrics.jsonl"), storage.join(workdir, "metrics.jsonl"))
+    layout.copy_step(main, workdir, end)
     storage.write_text(storage.join(workdir, CONTINUED), json.dumps({"run": main, "step": end}))
     print(f"{row} seed {seed}: continues {main} from its step {end}", flush=True)
-    return True
-
-
-def _copy(src: str, dst: str) -> None:
-    """A file or a folder, on local disk or in a bucket (a checkpoint's metadata files last, so
-    a copy cut off is an unfinished checkpoint)."""
-    if not storage.isdir(src):
-        storage.makedirs(storage.dirname(dst))
-        storage.write_bytes(dst, storage.read_bytes(src))
-        return
-    names = sorted(storage.listdir(src), key=lambda n: n.startswith(("_CHECKPOINT", "commit")))
-    for name in names:
-        _copy(storage.join(src, name), storage.join(dst, name))
 
 
 def platform_of_log(log_path: str) -> str | None:

@@ -30,7 +30,7 @@ from helpers.runs import (
     write_tiny_corpus,
 )
 
-from tfm_jax.checkpoint import reading
+from tfm_jax.checkpoint import layout, reading
 from tfm_jax.train.trainer import make_trainer
 
 pytestmark = [pytest.mark.gcs, pytest.mark.multiprocess, pytest.mark.slow]
@@ -161,6 +161,22 @@ def test_commands_on_a_gs_workdir(gcs, stopped_and_resumed, tmp_path):
     run(["attention", f"--workdir={workdir}", "--text=A man is riding a bike."], gcs)
     pngs = list(epath.Path(f"{workdir}/attention").glob("*.png"))
     assert pngs and all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
+    no_url_folder()
+
+
+def test_a_checkpoint_copies_between_buckets_and_disk(gcs, corpus, stopped_and_resumed, tmp_path):
+    """layout.copy_step (the Table 3 budget runs' continuation) from a bucket to a bucket and
+    back to disk: the copies are whole checkpoints with the run's params."""
+    workdir, _, final = stopped_and_resumed
+    layout.copy_step(workdir, f"{BUCKET}/copied", final)
+    layout.copy_step(f"{BUCKET}/copied", str(tmp_path / "local"), final)
+    abstract = make_trainer(tiny_run_config(corpus)).abstract_state.params
+    params = jax.device_get(reading.load_params(workdir, str(final), abstract))
+    for copy in (f"{BUCKET}/copied", str(tmp_path / "local")):
+        assert layout.step_incomplete_reason(layout.checkpoints_dir(copy), final) is None, copy
+        copied = jax.device_get(reading.load_params(copy, str(final), abstract))
+        for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(copied), strict=True):
+            np.testing.assert_array_equal(x, y)
     no_url_folder()
 
 

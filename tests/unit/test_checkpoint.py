@@ -1,5 +1,6 @@
 """Tests for tfm_jax/checkpoint/: round trip, retention, triggers, averaging, damage."""
 
+import contextlib
 import json
 import logging
 from typing import Any
@@ -11,9 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax.checkpoint import averaging, reading
+from tfm_jax.checkpoint import averaging, layout, reading
 from tfm_jax.checkpoint import errors as ckpt_errors
 from tfm_jax.checkpoint.manager import Checkpointer
+from tfm_jax.platform import storage
 
 CONFIG_JSON = json.dumps({"model": {"num_layers": 2, "d_model": 8}, "optim": {"warmup": 4}})
 DATA_STATE = {"epoch": 1, "position": 12345, "files": ["a.tfrecord", "b.tfrecord"]}
@@ -279,6 +281,35 @@ def test_killed_save_is_never_listed(tmp_path):
         _, _, step = ckpt.restore_latest(_abstract(states[2]))
         assert step == 1
     assert reading.load_params(tmp_path, "latest", _abstract(states[1].params)) is not None
+
+
+def test_a_copied_step_restores_and_a_copy_cut_off_never_restores_wrong(tmp_path, monkeypatch):
+    state = _save_steps(tmp_path / "run", [4])[4]
+    files = [f for f in (tmp_path / "run" / "checkpoints" / "4").rglob("*") if f.is_file()]
+    write, unfinished = storage.write_bytes, 0
+    for cut in range(len(files) + 1):  # the copy stops before its cut-th file (all at the end)
+        copy, written = tmp_path / f"cut{cut}", []
+
+        def full_disk(p, data, written=written, cut=cut):
+            if len(written) == cut:
+                raise OSError(28, "No space left on device")
+            written.append(p)
+            write(p, data)
+
+        monkeypatch.setattr(storage, "write_bytes", full_disk)
+        with pytest.raises(OSError) if cut < len(files) else contextlib.nullcontext():
+            layout.copy_step(str(tmp_path / "run"), str(copy), 4)
+        monkeypatch.setattr(storage, "write_bytes", write)
+        if layout.step_incomplete_reason(layout.checkpoints_dir(copy), 4):
+            unfinished += 1
+            continue
+        with _ckpt(copy) as ckpt:  # what the reader takes for a whole save is the saved state
+            restored, data_state, step = ckpt.restore_latest(_abstract(state))
+        assert step == 4 and data_state["position"] == 4
+        _assert_trees_equal(restored, state)
+    # Only the copies that stopped at the step's own commit marker (written last; a local read
+    # does not need it) are whole: every earlier cut is an unfinished save.
+    assert unfinished == len(files) - 1
 
 
 def test_mismatched_abstract_state_raises_and_moves_nothing(tmp_path):

@@ -31,6 +31,29 @@ def test_local_writes_are_whole_and_appends_append(tmp_path):
     assert storage.file_state(lines)[0] == 6 and storage.file_state(tmp_path / "no") == (-1, -1)
 
 
+def test_copy_tree_copies_every_file_and_each_folders_markers_last(tmp_path, monkeypatch):
+    files = {"a.txt": b"a", "commit": b"top", "z": b"z", "sub/b.bin": bytes(range(256)),
+             "sub/commit": b"c", "sub/deep/x": b"x", "sub/deep/y": b""}  # fmt: skip
+    for name, data in files.items():
+        (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / name).write_bytes(data)
+    dst, written, write = tmp_path / "out" / "dst", [], storage.write_bytes
+
+    def recording(p, data):
+        written.append(os.path.relpath(p, dst))
+        write(p, data)
+
+    monkeypatch.setattr(storage, "write_bytes", recording)
+    storage.copy_tree(str(tmp_path / "src"), str(dst), last=("commit",))
+    assert {name: (dst / name).read_bytes() for name in files} == files
+    assert sorted(written) == sorted(files)
+    for folder in ("", "sub/"):  # its marker after every file in it and under it
+        inside = [w for w in written if w.startswith(folder)]
+        assert inside[-1] == folder + "commit", written
+    storage.copy_tree(str(tmp_path / "src" / "sub" / "b.bin"), str(tmp_path / "one" / "b.bin"))
+    assert (tmp_path / "one" / "b.bin").read_bytes() == files["sub/b.bin"]
+
+
 def test_gs_without_the_gcs_extra_names_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -26,6 +26,7 @@ from etils import epath
 
 from tfm_jax.checkpoint.errors import CheckpointNotFoundError
 from tfm_jax.config import paths
+from tfm_jax.platform import storage
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ CHECKPOINT_ITEMS = (STATE, DATA, CONFIG)
 AVERAGED_ITEMS = (PARAMS, META, CONFIG)
 # The one step of the manager over <workdir>/averaged/ (the number is not stored on disk).
 AVERAGED_STEP = 0
+# What Orbax writes when a save finishes: the step's metadata, which holds its commit time (what
+# `step_incomplete_reason` reads), and the commit marker (GCS) of the step and of each item.
+COMMIT_RECORDS = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 def _root(workdir: str | epath.Path) -> epath.Path:
@@ -148,6 +152,14 @@ def step_incomplete_reason(
 def averaged_incomplete_reason(workdir: str | epath.Path, items: Sequence[str]) -> str | None:
     """Why `<workdir>/averaged` is incomplete, or None if it looks complete."""
     return _incomplete_reason(_AveragedName(), _root(workdir), AVERAGED_STEP, items)
+
+
+def copy_step(src_workdir: str, dst_workdir: str, step: int) -> None:
+    """Copies checkpoint `step` of one workdir into another's checkpoints/ (either may be in a
+    bucket), each folder's commit records last: a copy cut off is an unfinished save, which
+    `step_incomplete_reason` names and a resume skips."""
+    src, dst = checkpoints_dir(src_workdir) / str(step), checkpoints_dir(dst_workdir) / str(step)
+    storage.copy_tree(str(src), str(dst), last=COMMIT_RECORDS)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,8 @@ Object stores differ from a filesystem in ways the callers here rely on being ha
 - no atomic rename of a folder: a folder is published by writing its marker file last
   (the token cache's meta.json, Orbax's commit_success.txt);
 - no folders: `makedirs` is a no-op there;
-- `np.load(mmap_mode="r")` needs a local file: `download_dir` copies a folder into local scratch.
+- `np.load(mmap_mode="r")` needs a local file: `download_dir` copies a folder into local scratch;
+- no copy between stores: `copy_tree` reads and writes each file, either end local or remote.
 
 A `gs://` path needs gcsfs (epath reaches GCS through fsspec): without it, `path()` raises a
 `StorageError` naming the extra, `pip install -e '.[gcs]'`.
@@ -160,6 +161,18 @@ def upload_dir(local: str, remote: str, last: str | None = None) -> None:
         names = [n for n in names if n != last] + [last]
     for name in names:
         path(os.path.join(local, name)).copy(path(join(remote, name)), overwrite=True)
+
+
+def copy_tree(src: str, dst: str, last: tuple[str, ...] = ()) -> None:
+    """Copies a file, or a folder with everything under it, from any storage to any storage.
+    In each folder the files named in `last` (marker files) are written after every other name,
+    so a copy cut off never has a folder's marker without the folder's contents."""
+    if not isdir(src):
+        write_bytes(dst, read_bytes(src))
+        return
+    makedirs(dst)
+    for name in sorted(listdir(src), key=lambda n: n in last):
+        copy_tree(join(src, name), join(dst, name), last)
 
 
 def download_dir(remote: str, local: str) -> None:
