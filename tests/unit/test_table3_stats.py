@@ -558,6 +558,8 @@ def test_budget_and_data_read_so_far_and_judge_each_comparison_whose_runs_are_in
     assert o["outcome"] == V.PENDING and o["by_row"] == {}
     assert ("so far, D0.2 vs base on 100% / 50% / 25% of the pairs: -7.0% / -10.0% / (to come) "
             "(the paper +0.6%)") in o["details"]  # fmt: skip
+    base = "so far, base's own dev PPL on 100% / 50% / 25% of the pairs: 10.00 / 10.00 / (to come)"
+    assert base in o["details"]
     # the report's list: C8's own verdict under budget, Cff4096's pending
     lines = X.explanation_lines(main + part, noise, ["C8", "Cff4096"])
     assert "- C8: seed3 (pending), budget (supported)" in lines
