@@ -286,20 +286,20 @@ def test_killed_save_is_never_listed(tmp_path):
 def test_a_copied_step_restores_and_a_copy_cut_off_never_restores_wrong(tmp_path, monkeypatch):
     state = _save_steps(tmp_path / "run", [4])[4]
     files = [f for f in (tmp_path / "run" / "checkpoints" / "4").rglob("*") if f.is_file()]
-    write, unfinished = storage.write_bytes, 0
+    copy_file, unfinished = storage.copy_file, 0
     for cut in range(len(files) + 1):  # the copy stops before its cut-th file (all at the end)
         copy, written = tmp_path / f"cut{cut}", []
 
-        def full_disk(p, data, written=written, cut=cut):
+        def full_disk(src, dst, written=written, cut=cut):
             if len(written) == cut:
                 raise OSError(28, "No space left on device")
-            written.append(p)
-            write(p, data)
+            written.append(dst)
+            copy_file(src, dst)
 
-        monkeypatch.setattr(storage, "write_bytes", full_disk)
+        monkeypatch.setattr(storage, "copy_file", full_disk)
         with pytest.raises(OSError) if cut < len(files) else contextlib.nullcontext():
             layout.copy_step(str(tmp_path / "run"), str(copy), 4)
-        monkeypatch.setattr(storage, "write_bytes", write)
+        monkeypatch.setattr(storage, "copy_file", copy_file)
         if layout.step_incomplete_reason(layout.checkpoints_dir(copy), 4):
             unfinished += 1
             continue

@@ -37,13 +37,13 @@ def test_copy_tree_copies_every_file_and_each_folders_markers_last(tmp_path, mon
     for name, data in files.items():
         (tmp_path / "src" / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "src" / name).write_bytes(data)
-    dst, written, write = tmp_path / "out" / "dst", [], storage.write_bytes
+    dst, written, copy = tmp_path / "out" / "dst", [], storage.copy_file
 
-    def recording(p, data):
+    def recording(src, p):
         written.append(os.path.relpath(p, dst))
-        write(p, data)
+        copy(src, p)
 
-    monkeypatch.setattr(storage, "write_bytes", recording)
+    monkeypatch.setattr(storage, "copy_file", recording)
     storage.copy_tree(str(tmp_path / "src"), str(dst), last=("commit",))
     assert {name: (dst / name).read_bytes() for name in files} == files
     assert sorted(written) == sorted(files)

@@ -550,15 +550,16 @@ def test_budget_and_data_read_so_far_and_judge_each_comparison_whose_runs_are_in
     assert o["details"][2:] == ["so far, Cff4096 vs Cff1024: (runs to come)",
                                 "so far, big vs base: (runs to come)"]  # fmt: skip
     assert o["by_row"] == {"C8": V.SUPPORTED}
-    # data: base and D0.2 on 50% of the pairs, nothing on 25% yet
+    # data: base and D0.2 on 50% of the pairs, nothing on 25% yet; each share's gap is a
+    # percent of that share's own base (20.00 on half the pairs, not all's 10.00)
     main = [run(r, s, p) for r, p in (("base", 10.0), ("D0.2", 9.3), ("Dls0.0", 10.9),
                                       ("C1024", 10.1)) for s in (0, 1)]  # fmt: skip
-    half = [run(r, s, p, "f50") for r, p in (("base", 10.0), ("D0.2", 9.0)) for s in (0, 1)]
+    half = [run(r, s, p, "f50") for r, p in (("base", 20.0), ("D0.2", 18.0)) for s in (0, 1)]
     o = X.outcome(X.BY_NAME["data"], main + half, noise)
     assert o["outcome"] == V.PENDING and o["by_row"] == {}
     assert ("so far, D0.2 vs base on 100% / 50% / 25% of the pairs: -7.0% / -10.0% / (to come) "
             "(the paper +0.6%)") in o["details"]  # fmt: skip
-    base = "so far, base's own dev PPL on 100% / 50% / 25% of the pairs: 10.00 / 10.00 / (to come)"
+    base = "so far, base's own dev PPL on 100% / 50% / 25% of the pairs: 10.00 / 20.00 / (to come)"
     assert base in o["details"]
     # the report's list: C8's own verdict under budget, Cff4096's pending
     lines = X.explanation_lines(main + part, noise, ["C8", "Cff4096"])

@@ -12,7 +12,8 @@ Object stores differ from a filesystem in ways the callers here rely on being ha
   (the token cache's meta.json, Orbax's commit_success.txt);
 - no folders: `makedirs` is a no-op there;
 - `np.load(mmap_mode="r")` needs a local file: `download_dir` copies a folder into local scratch;
-- no copy between stores: `copy_tree` reads and writes each file, either end local or remote.
+- no copy between stores: `copy_tree` streams each file through epath (`copy_file`), either end
+  local or remote.
 
 A `gs://` path needs gcsfs (epath reaches GCS through fsspec): without it, `path()` raises a
 `StorageError` naming the extra, `pip install -e '.[gcs]'`.
@@ -168,11 +169,20 @@ def copy_tree(src: str, dst: str, last: tuple[str, ...] = ()) -> None:
     In each folder the files named in `last` (marker files) are written after every other name,
     so a copy cut off never has a folder's marker without the folder's contents."""
     if not isdir(src):
-        write_bytes(dst, read_bytes(src))
+        copy_file(src, dst)
         return
     makedirs(dst)
     for name in sorted(listdir(src), key=lambda n: n in last):
         copy_tree(join(src, name), join(dst, name), last)
+
+
+def copy_file(src: str, dst: str) -> None:
+    """Copies one file from any storage to any storage, streamed (epath copies 1 MB at a time),
+    never whole in memory. Not atomic locally: a caller that needs a whole-or-nothing folder
+    writes its marker last (copy_tree's `last`)."""
+    if not is_remote(dst):
+        makedirs(os.path.dirname(os.path.abspath(dst)))
+    path(src).copy(path(dst), overwrite=True)
 
 
 def download_dir(remote: str, local: str) -> None:
