@@ -44,7 +44,7 @@ def publish(local: str, remote: str) -> None:
     marker = storage.path(storage.join(remote, MARKER))
     if marker.exists():
         marker.unlink()  # a stale cache being replaced is never read as the new one
-    storage.upload_dir(local, remote, last=MARKER)
+    storage.copy_tree(local, remote, last=(MARKER,))
     log.info("token cache: published %s to %s", local, remote)
 
 

@@ -154,16 +154,6 @@ def rmtree(p: str | os.PathLike) -> None:
         target.rmtree()
 
 
-def upload_dir(local: str, remote: str, last: str | None = None) -> None:
-    """Copies a local folder's files to `remote` (flat); `last` (a marker file) is copied after
-    every other, so a reader that sees it sees the whole folder."""
-    names = sorted(os.listdir(local))
-    if last in names:
-        names = [n for n in names if n != last] + [last]
-    for name in names:
-        path(os.path.join(local, name)).copy(path(join(remote, name)), overwrite=True)
-
-
 def copy_tree(src: str, dst: str, last: tuple[str, ...] = ()) -> None:
     """Copies a file, or a folder with everything under it, from any storage to any storage.
     In each folder the files named in `last` (marker files) are written after every other name,
