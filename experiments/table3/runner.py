@@ -94,7 +94,7 @@ def share_vocab(vocab_path: str, root: str, mirror: str | None) -> None:
     """One vocabulary for the sweep on every machine: a root without it takes the mirror's copy
     (the very pieces the mirrored results were trained with), and a mirror without it gets the
     root's once it exists."""
-    copy = _mirror_path(mirror, root, vocab_path)
+    copy = mirror_path(mirror, root, vocab_path)
     if copy is None:
         return
     if not storage.exists(vocab_path) and os.path.exists(copy):
@@ -173,7 +173,7 @@ def _read_result(workdir: str, overrides: dict, mirror_dir: str | None = None) -
     return None
 
 
-def _mirror_path(mirror: str | None, root: str, workdir: str) -> str | None:
+def mirror_path(mirror: str | None, root: str, workdir: str) -> str | None:
     if not mirror:
         return None
     return os.path.join(mirror, os.path.relpath(workdir, root))
@@ -185,7 +185,7 @@ def finished_result(
     """A finished (row, seed) run's result, or None (--report_only: nothing is trained)."""
     overrides = run_overrides(preset, row, seed, root, variant=variant, **kw)
     workdir = workdir_of(root, row, seed, variant)
-    return _read_result(workdir, overrides, _mirror_path(mirror, root, workdir))
+    return _read_result(workdir, overrides, mirror_path(mirror, root, workdir))
 
 
 def run_one(
@@ -200,7 +200,7 @@ def run_one(
 ) -> dict:
     """Trains and evaluates one (row, seed), unless it is finished (then reads its result)."""
     workdir = workdir_of(root, row, seed, variant)
-    mirror_dir = _mirror_path(mirror, root, workdir)
+    mirror_dir = mirror_path(mirror, root, workdir)
     overrides = run_overrides(preset, row, seed, root, variant=variant, **kw)
     done = _read_result(workdir, overrides, mirror_dir)
     if done is not None:

@@ -29,6 +29,10 @@ budget would have reached. To choose the budget from that curve:
 
 then sweep with --steps=<the printed step> and a root of its own.
 
+BLEU at the best checkpoint. `--bleu_at_best` replays the finished runs of --rows whose BLEU
+is their latest checkpoint's (they predate keeping the best) to their best step, and takes that
+BLEU where the replay is the run (experiments/table3/replay.py).
+
 Explanations. `--explain=all` (or names: E,heads,seed3,budget,data) runs the pre-registered
 explanation experiments of experiments/table3/explain.py (probe rows, a third seed, variants of
 the protocol under <root>/variants/) and the report judges each by its registered rule.
@@ -73,7 +77,7 @@ import threading
 import time
 
 from experiments import REPO
-from experiments.table3 import explain, stats
+from experiments.table3 import explain, replay, stats
 from experiments.table3.commands import parallel_env
 from experiments.table3.presets import (
     ALL_ROWS,
@@ -187,6 +191,14 @@ def parser() -> argparse.ArgumentParser:
         "and train nothing (e.g. while the sweep runs elsewhere)",
     )
     p.add_argument(
+        "--bleu_at_best",
+        action="store_true",
+        help="for the finished --rows runs whose BLEU is their latest checkpoint's, not their "
+        "best's (made before the best was kept): replay each to its best step and take that "
+        "BLEU where the replay's dev curve is the run's (experiments/table3/replay.py); "
+        "trains nothing else",
+    )
+    p.add_argument(
         "--find_budget",
         default=None,
         metavar="RUN",
@@ -241,7 +253,7 @@ def main(argv=None) -> int:
     for old in legacy_results(root, rows):
         print(f"not read (the old single-seed layout, its own vocabulary): {old}", flush=True)
     # the sweep's command: a --report_only report names the command that trains its runs
-    argv_shown = [a for a in (argv or sys.argv[1:]) if a != "--report_only"]
+    argv_shown = [a for a in (argv or sys.argv[1:]) if a not in ("--report_only", "--bleu_at_best")]
     command = "python -m experiments.table3 " + " ".join(argv_shown)
     # the report reads every run finished so far: the sweep's and the explanations'
     report_runs = [(None, row, seed) for row in TABLE3 for seed in seeds]
@@ -278,8 +290,12 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
     def one(variant: str | None, row: str, seed: int) -> None:
         nonlocal tables
         t0 = time.time()
-        if args.report_only:
+        if args.report_only or (args.bleu_at_best and variant):
             r = finished_result(args.preset, row, seed, variant=variant, **where, **kw)
+            if r is None:
+                return
+        elif args.bleu_at_best:
+            r = replay.bleu_at_best(args.preset, row, seed, env=env, **where, **kw)
             if r is None:
                 return
         else:
@@ -295,7 +311,7 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
             results = [dict(done[k], variant=k[0]) for k in order if k in done]
             tables = write_table(args.preset, results, args.out, command, seeds, steps, big_steps)
 
-    if parallel == 1 or args.report_only:
+    if parallel == 1 or args.report_only or args.bleu_at_best:
         for key in todo:
             one(*key)
     else:
