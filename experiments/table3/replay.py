@@ -15,7 +15,8 @@ best step. It is taken only then (relative PPL difference at most TOLERANCE at e
 result.json, in the root and in the mirror, gets the best checkpoint's BLEU ("bleu_at": "best")
 with the latest's kept as "bleu_latest", and "replayed" records the check. A replay whose curve
 differs (another processor's bf16 arithmetic, or code changed since the run) changes nothing, and
-the sweep prints by how much. The replay's checkpoint is kept.
+the sweep prints by how much. A run recorded on another CPU model (or without bf16 where this
+one has it, or the reverse) is not replayed at all. The replay's checkpoint is kept.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from experiments.table3.runner import (
     platform_of_log,
     workdir_of,
 )
-from tfm_jax.platform import storage
+from tfm_jax.platform import host, storage
 from tfm_jax.viz.curves import read_metrics
 
 TOLERANCE = 1e-6  # relative dev PPL difference: a bitwise replay agrees to float rounding
@@ -68,6 +69,14 @@ def bleu_at_best(
     result = finished_result(preset, row, seed, root, mirror=mirror, **kw)
     step = None if result is None else best_to_replay(result)
     if step is None:
+        return result
+    here, there = f"cpu ({host.cpu_model() or 'unknown processor'})", result.get("platform")
+    if there and there.startswith("cpu (") and there != here:
+        print(
+            f"{row} seed {seed}: trained on {there}, and this machine is {here}: a replay here "
+            "would not be the run (bf16 rounds otherwise); its BLEU stays the latest's",
+            flush=True,
+        )
         return result
     workdir = storage.join(root, "replays", row, f"seed{seed}")
     storage.makedirs(workdir)

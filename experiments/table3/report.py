@@ -150,9 +150,27 @@ def machines_line(results: list[dict]) -> str:
     counts = collections.Counter(r.get("platform") for r in results)
     unknown = counts.pop(None, 0)
     parts = [f"{n} on {name}" for name, n in counts.most_common()]
+    for i, (name, n) in enumerate(counts.most_common()[1:], 1):
+        if n <= FEW_RUNS:  # the few on another machine by name: a pair with one is mixed
+            runs = (r for r in results if r.get("platform") == name)
+            parts[i] += " (" + ", ".join(_run_name(r) for r in runs) + ")"
     if unknown:
         parts.append(f"{unknown} not recorded (made before results recorded their machine)")
-    return f"Machines, {len(results)} runs: " + "; ".join(parts) + "."
+    line = f"Machines, {len(results)} runs: " + "; ".join(parts) + "."
+    if len(counts) > 1:
+        line += (
+            " A pair across machines (one run of it named above) differs by its machine's "
+            "arithmetic as well as by its row: its runs are not the same trajectory but for the "
+            "row's change."
+        )
+    return line
+
+
+FEW_RUNS = 12
+
+
+def _run_name(r: dict) -> str:
+    return f"{r['variant'] + '/' if r.get('variant') else ''}{r['row']} seed {r.get('seed', 0)}"
 
 
 def row_summaries(results: list[dict], rows: list[str]) -> list[dict]:

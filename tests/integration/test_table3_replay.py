@@ -65,6 +65,13 @@ def test_a_replay_gives_the_best_checkpoints_bleu_only_when_it_is_the_run(tmp_pa
     assert json.loads(result_path.read_text()) == old == json.loads(copy_path.read_text())
     # and its report marks that BLEU as the latest's
     assert "†" in (tmp_path / "out" / "table3_micro.md").read_text()
+    # a run recorded on another processor is not replayed (nothing trains: the log is as it was)
+    log = root / "replays" / "base" / "seed0" / "log.txt"
+    size = log.stat().st_size
+    result_path.write_text(json.dumps(dict(old, platform="cpu (Other CPU, bf16)")))
+    assert sweep.main([*common, "--bleu_at_best"]) == 0
+    assert "trained on cpu (Other CPU, bf16), and this machine is" in capsys.readouterr().out
+    assert log.stat().st_size == size
 
 
 def test_curve_difference_reads_every_evaluation_up_to_the_best():

@@ -641,3 +641,19 @@ def test_a_rule_that_refutes_on_one_pair_is_decided_before_its_last_runs():
     assert o["by_row"] == dict.fromkeys(("Cff4096", "A16", "C8", "D0.2", "E"), V.SUPPORTED) | {
         "C1024": "no prediction"
     }
+
+
+def test_the_machines_line_names_the_few_runs_on_another_machine():
+    """A pair with a run on another machine is not one trajectory but for the row: the report
+    names the runs of every machine but the most common (while they are few)."""
+    bf16, other = "cpu (AMD EPYC, bf16)", "cpu (AMD EPYC, no bf16)"
+    runs = [{"row": r, "seed": s, "platform": bf16} for r in ("base", "D0.2") for s in (0, 1)]
+    assert R.machines_line(runs) == f"Machines, 4 runs: 4 on {bf16}."
+    runs += [{"row": "D0.2", "seed": 1, "variant": "f50", "platform": other}, {"row": "E"}]
+    line = R.machines_line(runs)
+    assert line.startswith(f"Machines, 6 runs: 4 on {bf16}; 1 on {other} (f50/D0.2 seed 1); "
+                           "1 not recorded")  # fmt: skip
+    assert "A pair across machines" in line
+    many = [dict(runs[0], seed=s) for s in range(30)]
+    many += [dict(runs[4], seed=s) for s in range(R.FEW_RUNS + 1)]
+    assert f"; {R.FEW_RUNS + 1} on {other}. A pair" in R.machines_line(many)  # too many to name
