@@ -144,6 +144,9 @@ def at_best_checkpoint(result: dict) -> dict:
     )
 
 
+FEW_RUNS = 12  # a machine with at most this many runs has them named in the machines line
+
+
 def machines_line(results: list[dict]) -> str:
     """Which machines trained the runs (a run's numbers depend on its arithmetic: bf16 products
     round differently on each), most runs first."""
@@ -164,9 +167,6 @@ def machines_line(results: list[dict]) -> str:
             "row's change."
         )
     return line
-
-
-FEW_RUNS = 12
 
 
 def _run_name(r: dict) -> str:
