@@ -28,12 +28,14 @@ from experiments.table3 import stats
 from experiments.table3.commands import local_log, run_cmd, save_log
 from experiments.table3.presets import cli_args, run_overrides
 from experiments.table3.runner import (
+    evaluate,
     finished_result,
     mirror_path,
     platform_of_log,
+    this_cpu,
     workdir_of,
 )
-from tfm_jax.platform import host, storage
+from tfm_jax.platform import storage
 from tfm_jax.viz.curves import read_metrics
 
 TOLERANCE = 1e-6  # relative dev PPL difference: a bitwise replay agrees to float rounding
@@ -70,7 +72,7 @@ def bleu_at_best(
     step = None if result is None else best_to_replay(result)
     if step is None:
         return result
-    here, there = f"cpu ({host.cpu_model() or 'unknown processor'})", result.get("platform")
+    here, there = this_cpu(), result.get("platform")
     if there and there.startswith("cpu (") and there != here:
         print(
             f"{row} seed {seed}: trained on {there}, and this machine is {here}: a replay here "
@@ -84,8 +86,7 @@ def bleu_at_best(
     log_path = local_log(workdir)
     train = ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"]
     run_cmd(train + cli_args(overrides), log_path, env)
-    args = ["evaluate", f"--workdir={workdir}", "--split=validation", "--checkpoint=latest"]
-    scores = json.loads(run_cmd(args, log_path, env))
+    scores = evaluate(workdir, "latest", log_path, env)
     save_log(log_path, workdir)
     replayed = stats.dev_curve(read_metrics(workdir))
     off = curve_difference(result["dev_curve"], replayed, step)

@@ -223,10 +223,10 @@ def run_one(
     best = stats.best_point(curve)
     best_step = best[0] if best else None
     latest = layout.latest_step_on_disk(workdir)
-    scores = _evaluate(workdir, "latest", log_path, env)
+    scores = evaluate(workdir, "latest", log_path, env)
     at_best = scores
     if best_step is not None and best_step != latest:
-        at_best = _evaluate(workdir, str(best_step), log_path, env)
+        at_best = evaluate(workdir, str(best_step), log_path, env)
     _keep_only(workdir, {best_step, latest})
     eval_s = time.time() - t0 - train_s
     params = json.loads(
@@ -313,11 +313,16 @@ def platform_of_log(log_path: str) -> str | None:
             if "platform: " in line:
                 found = line.split("platform: ", 1)[1].split(", process")[0].strip()
     if found and found.startswith("cpu"):
-        found = f"cpu ({host.cpu_model() or 'unknown processor'})"
+        found = this_cpu()
     return found
 
 
-def _evaluate(workdir: str, checkpoint: str, log_path: str, env: dict | None) -> dict:
+def this_cpu() -> str:
+    """This host's CPU as a result's "platform" names it: its model and bf16 arithmetic."""
+    return f"cpu ({host.cpu_model() or 'unknown processor'})"
+
+
+def evaluate(workdir: str, checkpoint: str, log_path: str, env: dict | None) -> dict:
     args = ["evaluate", f"--workdir={workdir}", "--split=validation", f"--checkpoint={checkpoint}"]
     return json.loads(run_cmd(args, log_path, env))
 
