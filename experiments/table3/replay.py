@@ -26,13 +26,14 @@ import math
 
 from experiments.table3 import stats
 from experiments.table3.commands import local_log, run_cmd, save_log
-from experiments.table3.presets import cli_args, run_overrides
+from experiments.table3.presets import run_overrides
 from experiments.table3.runner import (
     evaluate,
     finished_result,
     mirror_path,
     platform_of_log,
     this_cpu,
+    train_args,
     workdir_of,
 )
 from tfm_jax.platform import storage
@@ -43,11 +44,9 @@ TOLERANCE = 1e-6  # relative dev PPL difference: a bitwise replay agrees to floa
 
 def best_to_replay(result: dict) -> int | None:
     """The best step of a run whose BLEU is not its best checkpoint's; None when it is."""
-    curve = result.get("dev_curve") or []
-    best = stats.best_point(curve)
-    if result.get("bleu_at") == "best" or best is None:
+    if stats.bleu_checkpoint(result) != "latest":
         return None
-    return None if best[0] == max(int(s) for s, _ in curve) else best[0]
+    return stats.best_point(result["dev_curve"])[0]
 
 
 def curve_difference(recorded: list, replayed: list, upto: int) -> float | None:
@@ -84,8 +83,8 @@ def bleu_at_best(
     storage.makedirs(workdir)
     overrides = dict(run_overrides(preset, row, seed, root, **kw), **{"train.num_steps": step})
     log_path = local_log(workdir)
-    train = ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"]
-    run_cmd(train + cli_args(overrides), log_path, env)
+    train = train_args(row, workdir, overrides)
+    run_cmd(train, log_path, env)
     scores = evaluate(workdir, "latest", log_path, env)
     save_log(log_path, workdir)
     replayed = stats.dev_curve(read_metrics(workdir))
@@ -94,7 +93,7 @@ def bleu_at_best(
         "step": step,
         "max_relative_ppl_difference": off,
         "platform": platform_of_log(log_path),
-        "command": "python -m tfm_jax " + " ".join(train + cli_args(overrides)),
+        "command": "python -m tfm_jax " + " ".join(train),
     }
     if off is None or off > TOLERANCE:
         print(

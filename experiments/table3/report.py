@@ -137,10 +137,12 @@ def at_best_checkpoint(result: dict) -> dict:
     if "ppl_latest" in result or not result.get("dev_curve"):
         return result
     step, nll = stats.best_point(result["dev_curve"])
-    last = max(int(s) for s, _ in result["dev_curve"])
-    bleu_at = result.get("bleu_at") or ("best" if int(step) == last else "latest")
     return dict(
-        result, ppl=math.exp(nll), ppl_latest=result["ppl"], best_step=int(step), bleu_at=bleu_at
+        result,
+        ppl=math.exp(nll),
+        ppl_latest=result["ppl"],
+        best_step=int(step),
+        bleu_at=stats.bleu_checkpoint(result),
     )
 
 

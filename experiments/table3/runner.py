@@ -215,8 +215,8 @@ def run_one(
     storage.write_text(started, json.dumps(overrides, indent=2))
     log_path = local_log(workdir)
     t0 = time.time()
-    train_args = ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"]
-    run_cmd(train_args + cli_args(overrides), log_path, env)
+    train = train_args(row, workdir, overrides)
+    run_cmd(train, log_path, env)
     train_s = time.time() - t0
     save_log(log_path, workdir)
     curve = stats.dev_curve(read_metrics(workdir))
@@ -257,7 +257,7 @@ def run_one(
         "plateau_step": stats.plateau_step(curve),
         "train_seconds": round(train_s, 1),
         "eval_seconds": round(eval_s, 1),
-        "command": "python -m tfm_jax " + " ".join(train_args + cli_args(overrides)),
+        "command": "python -m tfm_jax " + " ".join(train),
     }
     continued = storage.join(workdir, CONTINUED)
     if storage.exists(continued):
@@ -320,6 +320,14 @@ def platform_of_log(log_path: str) -> str | None:
 def this_cpu() -> str:
     """This host's CPU as a result's "platform" names it: its model and bf16 arithmetic."""
     return f"cpu ({host.cpu_model() or 'unknown processor'})"
+
+
+def train_args(row: str, workdir: str, overrides: dict) -> list[str]:
+    """The `python -m tfm_jax` arguments that train (row, seed) in `workdir` by `overrides`:
+    the sweep's run and a replay of it are the one command."""
+    return ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"] + cli_args(
+        overrides
+    )
 
 
 def evaluate(workdir: str, checkpoint: str, log_path: str, env: dict | None) -> dict:

@@ -331,6 +331,18 @@ def best_point(curve: list[tuple[int, float]], upto: int | None = None) -> tuple
     return min(points, key=lambda point: (point[1], point[0]))
 
 
+def bleu_checkpoint(result: dict) -> str | None:
+    """Which checkpoint a result's BLEU was taken at: "best" where the run evaluated its best
+    checkpoint (runner.py since the explanation sweep, or a replay) or where its best is its
+    latest, else "latest"; None without a dev curve. The one reading of it for the report
+    (which marks "latest" with a dagger) and the replay (which mends it)."""
+    curve = result.get("dev_curve") or []
+    best = best_point(curve)
+    if result.get("bleu_at") or best is None:
+        return result.get("bleu_at")
+    return "best" if best[0] == max(int(s) for s, _ in curve) else "latest"
+
+
 def plateau_step(
     curve: list[tuple[int, float]], threshold: float = 0.01, min_after: int = 2
 ) -> int | None:

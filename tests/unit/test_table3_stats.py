@@ -171,6 +171,14 @@ def test_plateau_step_on_a_synthetic_curve():
     assert S.plateau_step([]) is None
 
 
+def test_bleu_checkpoint_is_the_recorded_one_else_best_only_where_best_is_latest():
+    curve = [(100, 3.0), (200, 2.5), (300, 2.7)]  # best at 200, latest 300
+    assert S.bleu_checkpoint({"dev_curve": curve}) == "latest"  # an old run: the latest's BLEU
+    assert S.bleu_checkpoint({"dev_curve": curve[:2]}) == "best"  # its best is its latest
+    assert S.bleu_checkpoint({"dev_curve": curve, "bleu_at": "best"}) == "best"  # the runner's
+    assert S.bleu_checkpoint({"dev_curve": []}) is None and S.bleu_checkpoint({}) is None
+
+
 def test_best_point_is_the_lowest_evaluation_earliest_first():
     assert S.best_point(CURVE) == (700, 2.99)
     assert S.best_point(CURVE, upto=650) == (600, 2.996)  # read at a step: only what came before
