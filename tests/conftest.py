@@ -12,6 +12,14 @@ def pytest_configure(config):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """How many workers `-n auto` (setup.cfg) starts: one per core this process may use, at most
+    4. Each worker is a JAX process whose XLA already spreads a computation over every core, and
+    many tests start other JAX processes: past a few workers they only share the cores and the
+    memory (~2 GB each) while one test waits on another process."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _jax_on_one_cpu_device():
     """Starts JAX on one CPU device before any test: the inference CLI's --cpu_devices (default

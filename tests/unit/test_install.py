@@ -24,6 +24,7 @@ RUNTIME_ONLY = {
 # Declared in the test extra but never imported: tools that CI runs as commands.
 TEST_TOOLS = {
     "ruff",  # .ci/run: ruff check
+    "pytest-xdist",  # a pytest plugin: setup.cfg's addopts (-n auto)
 }
 # The repo's own folders beside tfm_jax: tests/ (its helpers package) and experiments/ (a
 # package: tests import it as `experiments`).
