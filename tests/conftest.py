@@ -13,11 +13,12 @@ def pytest_configure(config):
 
 
 def pytest_xdist_auto_num_workers(config):
-    """How many workers `-n auto` (setup.cfg) starts: one per core this process may use, at most
-    4. Each worker is a JAX process whose XLA already spreads a computation over every core, and
-    many tests start other JAX processes: past a few workers they only share the cores and the
-    memory (~2 GB each) while one test waits on another process."""
-    return max(1, min(4, len(os.sched_getaffinity(0))))
+    """How many workers `-n auto` (setup.cfg) starts: one per core, at most 4. Each worker is a
+    JAX process whose XLA already spreads a computation over every core, and many tests start
+    other JAX processes: two workers overlap one's computing with the other's waiting on its
+    processes; past a few they only share the cores and the memory. (os.cpu_count, as the CPU
+    platform code counts cores: it exists on every OS, where sched_getaffinity is Linux's.)"""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -332,10 +332,11 @@ def best_point(curve: list[tuple[int, float]], upto: int | None = None) -> tuple
 
 
 def bleu_checkpoint(result: dict) -> str | None:
-    """Which checkpoint a result's BLEU was taken at: "best" where the run evaluated its best
-    checkpoint (runner.py since the explanation sweep, or a replay) or where its best is its
-    latest, else "latest"; None without a dev curve. The one reading of it for the report
-    (which marks "latest" with a dagger) and the replay (which mends it)."""
+    """Which checkpoint a result's BLEU was taken at: the recorded "bleu_at" where there is one
+    (runner.py records "best" since the explanation sweep, as does a replay); else, from the
+    dev curve, "best" where its best evaluation is its last and "latest" where it is not; None
+    with neither. The one reading of it for the report (which marks "latest" with a dagger)
+    and the replay (which mends it)."""
     curve = result.get("dev_curve") or []
     best = best_point(curve)
     if result.get("bleu_at") or best is None:
