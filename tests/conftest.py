@@ -12,6 +12,7 @@ def pytest_configure(config):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: not an unknown hook under -p no:xdist
 def pytest_xdist_auto_num_workers(config):
     """How many workers `-n auto` (setup.cfg) starts: one per core, at most 4. Each worker is a
     JAX process whose XLA already spreads a computation over every core, and many tests start

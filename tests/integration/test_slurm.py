@@ -53,13 +53,14 @@ def corpus(tmp_path_factory):
 
 def submit(slurm, workdir, output, corpus) -> str:
     """The template as a user submits it from the repository root, with sbatch options in place
-    of the GPU ones it is written with (this node has 2 CPUs and no GPU)."""
+    of the GPU ones it is written with (this node has 2 CPUs and no GPU; --oversubscribe lets
+    two such jobs share them, so the test's two run side by side)."""
     env = dict(slurm.env, CONFIG="configs/small.py", WORKDIR=str(workdir),
                ACCELERATOR_DEFAULTS="", PYTHON=sys.executable, JAX_PLATFORMS="cpu",
                PYTHONUNBUFFERED="1")  # fmt: skip
     env.pop("XLA_FLAGS", None)
     argv = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
-            "--cpus-per-task=1", "--time=30", f"--output={output}", TEMPLATE,
+            "--cpus-per-task=1", "--oversubscribe", "--time=30", f"--output={output}", TEMPLATE,
             *cli_args(tiny_run_overrides(corpus, **RUN))]  # fmt: skip
     p = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -96,9 +97,16 @@ def finished(slurm, job) -> bool:
 
 
 def test_template_preempted_twice_resumes_to_the_uninterrupted_params(slurm, corpus, tmp_path):
-    # the uninterrupted job: 2 processes, one log
-    out_a = tmp_path / "straight.out"
+    # the uninterrupted job and the same job, to be preempted twice, side by side
+    out_a, out_b = tmp_path / "straight.out", tmp_path / "preempted.out"
     job_a = submit(slurm, tmp_path / "straight", out_a, corpus)
+    job_b = submit(slurm, tmp_path / "preempted", out_b, corpus)
+    wait_until("step 40", lambda: reached(out_b, 1, 40), slurm, job_b)
+    slurm.run("scancel", "--signal=TERM", job_b)  # what --signal=TERM@120 sends at a time limit
+    wait_until("the requeued attempt", lambda: reached(out_b, 2, 120), slurm, job_b)
+    slurm.run("scontrol", "requeue", job_b)  # the scheduler preempts and requeues the job itself
+
+    # the uninterrupted job: 2 processes, one log
     wait_until("the uninterrupted job", lambda: finished(slurm, job_a), slurm, job_a, 600)
     info = slurm.job(job_a)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", (info, out_a.read_text())
@@ -108,13 +116,7 @@ def test_template_preempted_twice_resumes_to_the_uninterrupted_params(slurm, cor
     progress = re.findall(r"^step (\d+)/", log, flags=re.M)
     assert progress == [str(s) for s in range(10, STEPS + 1, 10)], progress  # one stream
 
-    # the same job, preempted twice
-    out_b = tmp_path / "preempted.out"
-    job_b = submit(slurm, tmp_path / "preempted", out_b, corpus)
-    wait_until("step 40", lambda: reached(out_b, 1, 40), slurm, job_b)
-    slurm.run("scancel", "--signal=TERM", job_b)  # what --signal=TERM@120 sends at a time limit
-    wait_until("the requeued attempt", lambda: reached(out_b, 2, 120), slurm, job_b)
-    slurm.run("scontrol", "requeue", job_b)  # the scheduler preempts and requeues the job itself
+    # the preempted one: stopped, requeued and resumed twice
     wait_until("the job", lambda: finished(slurm, job_b), slurm, job_b, 600)
     info = slurm.job(job_b)
     runs = attempts(out_b)
