@@ -10,6 +10,9 @@ protocol: `python -m experiments.table3 --help`.
   evidence.py  what a comparison's dev curves show when it did not come out as the paper's
   explain.py   the pre-registered explanation experiments, their runs and their outcomes
   rules.py     each explanation experiment's verdict rule as code (pure functions over results)
+  replay.py    --bleu_at_best: BLEU at the best checkpoint for runs that kept only the latest
+  machines.py  --machine_check: a finished run trained again here, to tell a machine's share of
+               a pair's difference (in no rule)
   report.py    the markdown, CSVs and chart
   budget_plot.py  dev curves of budget runs (how the budget was chosen)
 """

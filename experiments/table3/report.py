@@ -13,6 +13,7 @@ import os
 from experiments.table3 import stats
 from experiments.table3.evidence import evidence_lines, head_width_lines
 from experiments.table3.explain import explanation_lines
+from experiments.table3.machines import check_lines
 from experiments.table3.presets import TABLE3
 
 SCALING = {
@@ -211,9 +212,11 @@ def write_table(
     seeds: list[int],
     steps: int,
     big_steps: int,
+    checks: list[dict] = (),
 ) -> list[str]:
     """Markdown + CSVs with the paper's numbers beside ours, the verdicts, and a chart.
-    `steps` and `big_steps`: the budget of base (and every row) and of big."""
+    `steps` and `big_steps`: the budget of base (and every row) and of big; `checks`: the
+    machine checks (machines.py), listed after the machines line."""
     os.makedirs(out_dir, exist_ok=True)
     everything = [at_best_checkpoint(r) for r in results]
     results = [r for r in everything if not r.get("variant")]  # the sweep's own protocol
@@ -321,6 +324,7 @@ def write_table(
         "",
         machines_line(everything),
         "",
+        *check_lines(list(checks), everything),
         "| " + " | ".join(md_header) + " |",
         "|" + "---|" * len(md_header),
         *("| " + " | ".join(str(c) for c in row) + " |" for row in md_rows),

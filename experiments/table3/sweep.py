@@ -77,7 +77,7 @@ import threading
 import time
 
 from experiments import REPO
-from experiments.table3 import explain, replay, stats
+from experiments.table3 import explain, machines, replay, stats
 from experiments.table3.commands import parallel_env
 from experiments.table3.presets import (
     ALL_ROWS,
@@ -199,6 +199,14 @@ def parser() -> argparse.ArgumentParser:
         "trains nothing else",
     )
     p.add_argument(
+        "--machine_check",
+        default=None,
+        metavar="RUNS",
+        help="train these finished runs (VARIANT/ROW or ROW, comma-separated; each of --seeds) "
+        "again here to one evaluation past their best, and record how far this machine moves "
+        "their dev curve (experiments/table3/machines.py); changes no result; then the report",
+    )
+    p.add_argument(
         "--find_budget",
         default=None,
         metavar="RUN",
@@ -253,11 +261,18 @@ def main(argv=None) -> int:
     for old in legacy_results(root, rows):
         print(f"not read (the old single-seed layout, its own vocabulary): {old}", flush=True)
     # the sweep's command: a --report_only report names the command that trains its runs
-    argv_shown = [a for a in (argv or sys.argv[1:]) if a not in ("--report_only", "--bleu_at_best")]
+    argv_shown = [
+        a
+        for a in (argv or sys.argv[1:])
+        if a not in ("--report_only", "--bleu_at_best") and not a.startswith("--machine_check")
+    ]
     command = "python -m experiments.table3 " + " ".join(argv_shown)
     # the report reads every run finished so far: the sweep's and the explanations'
     report_runs = [(None, row, seed) for row in TABLE3 for seed in seeds]
     report_runs += [k for k in explain.run_list(list(explain.BY_NAME)) if k not in report_runs]
+    if args.machine_check:
+        machines.run_checks(args.preset, args.machine_check, seeds, root, args.mirror, **kw)
+        args.report_only = True  # then the report, with the checks, from the finished runs
     tables = sweep(args, todo, report_runs, seeds, root, kw, command)
     print(json.dumps({"tables": tables}))
     return 0
@@ -286,6 +301,7 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
             if r is not None:
                 done[key] = r
     order = todo + [k for k in report_runs if k not in todo]
+    checks = machines.read_checks(root, args.mirror)
 
     def one(variant: str | None, row: str, seed: int) -> None:
         nonlocal tables
@@ -309,7 +325,9 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
         with lock:  # each finished run rewrites the report, in (variant, row, seed) order
             done[variant, row, seed] = r
             results = [dict(done[k], variant=k[0]) for k in order if k in done]
-            tables = write_table(args.preset, results, args.out, command, seeds, steps, big_steps)
+            tables = write_table(
+                args.preset, results, args.out, command, seeds, steps, big_steps, checks
+            )
 
     if parallel == 1 or args.report_only or args.bleu_at_best:
         for key in todo:
