@@ -1,6 +1,6 @@
 """Machine checks (experiments/table3/machines.py): a run trained again on another machine, its
 dev curve beside the recorded one, and the pairs it puts on one machine. Pure functions over
-results; the check's training is tests/integration/test_table3_machines.py."""
+results; the check's training is tests/integration/test_table3_machine_check.py."""
 
 import json
 import math
