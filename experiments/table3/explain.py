@@ -128,9 +128,7 @@ def run_list(names: list[str]) -> list[tuple[str | None, str, int]]:
 
 def _missing(results: list[dict], need: list[tuple[str | None, str, int]]) -> list[str]:
     have = {(r.get("variant"), r["row"], int(r["seed"])) for r in results}
-    return [
-        f"{v + '/' if v else ''}{row} seed {s}" for v, row, s in need if (v, row, s) not in have
-    ]
+    return [stats.run_name(v, row, s) for v, row, s in need if (v, row, s) not in have]
 
 
 def outcome(experiment: Experiment, results: list[dict], noise: stats.Noise | None) -> dict:

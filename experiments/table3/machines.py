@@ -49,7 +49,7 @@ def parse(text: str) -> list[tuple[str | None, str]]:
 
 def summarize(recorded: list, here: list, upto: int) -> dict:
     """Both curves up to `upto` as PPL, the relative difference at each evaluation, and each
-    curve's best (step, PPL) there. Pure (tests/unit/test_table3_stats.py)."""
+    curve's best (step, PPL) there. Pure (tests/unit/test_table3_machines.py)."""
     mine = {int(s): float(v) for s, v in here}
     points = []
     for step, nll in recorded:
@@ -120,7 +120,7 @@ def run_checks(preset: str, names: str, seeds: list[int], root: str, mirror, **k
         for seed in seeds:
             c = run_check(preset, row, seed, root, variant=variant, mirror=mirror, **kw)
             said = "not finished, nothing to check" if c is None else _check_line(c)
-            print(f"{_name(variant, row, seed)}: {said}", flush=True)
+            print(f"{stats.run_name(variant, row, seed)}: {said}", flush=True)
 
 
 def read_checks(root: str, mirror: str | None) -> list[dict]:
@@ -130,18 +130,10 @@ def read_checks(root: str, mirror: str | None) -> list[dict]:
         top = storage.join(base, CHECKS)
         if not storage.exists(top):
             continue
-        for variant in storage.listdir(top):
-            for row in storage.listdir(storage.join(top, variant)):
-                for seed in storage.listdir(storage.join(top, variant, row)):
-                    path = storage.join(top, variant, row, seed, "check.json")
-                    if storage.exists(path):
-                        c = json.loads(storage.read_text(path))
-                        found[c.get("variant"), c["row"], c["seed"]] = c
+        for path in storage.path(top).glob("*/*/seed*/check.json"):  # variant/row/seedK
+            c = json.loads(path.read_text())
+            found[c.get("variant"), c["row"], c["seed"]] = c
     return [found[k] for k in sorted(found, key=lambda k: (k[0] or "", k[1], k[2]))]
-
-
-def _name(variant: str | None, row: str, seed: int) -> str:
-    return f"{variant + '/' if variant else ''}{row} seed {seed}"
 
 
 def _check_line(c: dict) -> str:
@@ -169,13 +161,14 @@ def check_lines(checks: list[dict], results: list[dict]) -> list[str]:
     ]
     for c in checks:
         b = c["best"]
-        lines.append(f"- {_name(c.get('variant'), c['row'], c['seed'])}, {_check_line(c)}")
+        lines.append(f"- {stats.run_name(c.get('variant'), c['row'], c['seed'])}, {_check_line(c)}")
         for r in results:
             same = (r.get("variant"), r.get("seed")) == (c.get("variant"), c["seed"])
             if same and r["row"] != c["row"] and r.get("platform") == c["platform"]:
                 best = math.exp(stats.best_point(r["dev_curve"])[1])
+                name = stats.run_name(r.get("variant"), r["row"], r["seed"])
                 lines.append(
-                    f"  - {_name(r.get('variant'), r['row'], r['seed'])}, trained there too: "
+                    f"  - {name}, trained there too: "
                     f"{best / b['here']['ppl'] - 1:+.1%} against this {c['row']} "
                     f"({best / b['recorded']['ppl'] - 1:+.1%} against the recorded one)."
                 )

@@ -173,7 +173,7 @@ def machines_line(results: list[dict]) -> str:
 
 
 def _run_name(r: dict) -> str:
-    return f"{r['variant'] + '/' if r.get('variant') else ''}{r['row']} seed {r.get('seed', 0)}"
+    return stats.run_name(r.get("variant"), r["row"], r.get("seed", 0))
 
 
 def row_summaries(results: list[dict], rows: list[str]) -> list[dict]:

@@ -298,6 +298,12 @@ def summary_line(judgements: list[dict[str, Judgement]], metric: str = PRIMARY) 
     )
 
 
+def run_name(variant: str | None, row: str, seed: int) -> str:
+    """How the report, the explanations and the machine checks name one run: "f25/base seed 0",
+    "C8 seed 1"."""
+    return f"{variant + '/' if variant else ''}{row} seed {seed}"
+
+
 # ---- the budget: where base's dev loss stops improving ----
 
 
