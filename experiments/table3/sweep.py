@@ -261,11 +261,12 @@ def main(argv=None) -> int:
     for old in legacy_results(root, rows):
         print(f"not read (the old single-seed layout, its own vocabulary): {old}", flush=True)
     # the sweep's command: a --report_only report names the command that trains its runs
-    argv_shown = [
-        a
-        for a in (argv or sys.argv[1:])
-        if a not in ("--report_only", "--bleu_at_best") and not a.startswith("--machine_check")
-    ]
+    # (without the one-off modes: --machine_check's value too, whether "=RUNS" or the next word)
+    argv_shown, given = [], list(argv or sys.argv[1:])
+    for i, a in enumerate(given):
+        one_off = a in ("--report_only", "--bleu_at_best") or a.startswith("--machine_check")
+        if not one_off and not (i and given[i - 1] == "--machine_check"):
+            argv_shown.append(a)
     command = "python -m experiments.table3 " + " ".join(argv_shown)
     # the report reads every run finished so far: the sweep's and the explanations'
     report_runs = [(None, row, seed) for row in TABLE3 for seed in seeds]

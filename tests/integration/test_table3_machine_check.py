@@ -37,7 +37,12 @@ def test_a_machine_check_on_the_same_machine_is_the_run_and_lands_in_the_report(
     report = (out / "table3_micro.md").read_text()
     assert "Machine checks" in report and "- base seed 0, recorded on" in report
 
-    # recorded: a second call trains nothing
+    assert "--machine_check" not in report  # its command is the sweep's, which trains the runs
+
+    # recorded: a second call (the flag's value as its own word) trains nothing
     mtime = (where / "metrics.jsonl").stat().st_mtime_ns
-    assert sweep.main([*common, "--machine_check=base"]) == 0
+    assert sweep.main([*common, "--machine_check", "base"]) == 0
     assert (where / "metrics.jsonl").stat().st_mtime_ns == mtime
+    report = (out / "table3_micro.md").read_text()
+    assert "--machine_check" not in report and "--mirror" in report
+    assert "base" not in report.split("Command: `")[1].split("`")[0].split()  # nor its value
