@@ -19,14 +19,13 @@ import json
 import math
 
 from experiments.table3 import stats
-from experiments.table3.commands import local_log, run_cmd, save_log
 from experiments.table3.presets import run_overrides
 from experiments.table3.runner import (
     finished_result,
     mirror_path,
     platform_of_log,
     this_cpu,
-    train_args,
+    train_in,
 )
 from tfm_jax.platform import storage
 from tfm_jax.viz.curves import read_metrics
@@ -92,10 +91,7 @@ def run_check(
     upto = min(best + every, overrides["train.num_steps"])
     overrides["train.num_steps"] = upto
     storage.makedirs(workdir)
-    log_path = local_log(workdir)
-    train = train_args(row, workdir, overrides)
-    run_cmd(train, log_path, env)
-    save_log(log_path, workdir)
+    train, log_path = train_in(row, workdir, overrides, env)
     check = {
         "variant": variant,
         "row": row,
@@ -140,7 +136,8 @@ def _check_line(c: dict) -> str:
     b = c["best"]
     end = " (its best here is its last evaluation: it may still have been falling)"
     return (
-        f"recorded on {c['recorded_platform']}, trained on {c['platform']} to step "
+        f"recorded on {c['recorded_platform'] or 'a machine its result does not name'}, "
+        f"trained on {c['platform']} to step "
         f"{c['steps']}: best dev PPL {b['recorded']['ppl']:.2f} (step {b['recorded']['step']}) "
         f"there, {b['here']['ppl']:.2f} (step {b['here']['step']}) here, "
         f"{c['best_relative']:+.1%}; largest difference at one evaluation "

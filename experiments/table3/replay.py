@@ -25,7 +25,7 @@ import json
 import math
 
 from experiments.table3 import stats
-from experiments.table3.commands import local_log, run_cmd, save_log
+from experiments.table3.commands import save_log
 from experiments.table3.presets import run_overrides
 from experiments.table3.runner import (
     evaluate,
@@ -33,7 +33,7 @@ from experiments.table3.runner import (
     mirror_path,
     platform_of_log,
     this_cpu,
-    train_args,
+    train_in,
     workdir_of,
 )
 from tfm_jax.platform import storage
@@ -82,9 +82,7 @@ def bleu_at_best(
     workdir = storage.join(root, "replays", row, f"seed{seed}")
     storage.makedirs(workdir)
     overrides = dict(run_overrides(preset, row, seed, root, **kw), **{"train.num_steps": step})
-    log_path = local_log(workdir)
-    train = train_args(row, workdir, overrides)
-    run_cmd(train, log_path, env)
+    train, log_path = train_in(row, workdir, overrides, env)
     scores = evaluate(workdir, "latest", log_path, env)
     save_log(log_path, workdir)
     replayed = stats.dev_curve(read_metrics(workdir))

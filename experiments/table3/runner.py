@@ -213,12 +213,9 @@ def run_one(
     elif variant and VARIANTS[variant].continues:
         continue_main_run(root, row, seed, workdir, overrides)
     storage.write_text(started, json.dumps(overrides, indent=2))
-    log_path = local_log(workdir)
     t0 = time.time()
-    train = train_args(row, workdir, overrides)
-    run_cmd(train, log_path, env)
+    train, log_path = train_in(row, workdir, overrides, env)
     train_s = time.time() - t0
-    save_log(log_path, workdir)
     curve = stats.dev_curve(read_metrics(workdir))
     best = stats.best_point(curve)
     best_step = best[0] if best else None
@@ -328,6 +325,17 @@ def train_args(row: str, workdir: str, overrides: dict) -> list[str]:
     return ["train", f"--config=configs/table3.py:{row}", f"--workdir={workdir}"] + cli_args(
         overrides
     )
+
+
+def train_in(row: str, workdir: str, overrides: dict, env: dict | None) -> tuple[list[str], str]:
+    """Trains `row` in `workdir` by `overrides` (the sweep's run, a replay and a machine check
+    alike), its log kept in local scratch and copied into the workdir; returns the command's
+    arguments and the log's local path."""
+    log_path = local_log(workdir)
+    args = train_args(row, workdir, overrides)
+    run_cmd(args, log_path, env)
+    save_log(log_path, workdir)
+    return args, log_path
 
 
 def evaluate(workdir: str, checkpoint: str, log_path: str, env: dict | None) -> dict:

@@ -317,9 +317,8 @@ def sweep(args, todo: list, report_runs: list, seeds, root: str, kw: dict, comma
                 return
         else:
             r = run_one(args.preset, row, seed, env=env, variant=variant, **where, **kw)
-        name = f"{variant}/{row}" if variant else row
         print(
-            f"{name} seed {seed}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
+            f"{stats.run_name(variant, row, seed)}: ppl {r['ppl']:.2f} bleu {r['bleu']:.2f} "
             f"params {r['params'] / 1e6:.2f}M ({time.time() - t0:.0f} s)",
             flush=True,
         )

@@ -68,6 +68,8 @@ def test_check_lines_put_the_same_seeds_runs_of_its_machine_against_the_check():
         "recorded one)."
     ]
     assert M.check_lines([], results) == []
+    unnamed = M.check_lines([_check() | {"recorded_platform": None}], [])
+    assert "recorded on a machine its result does not name, trained on cpu (B)" in unnamed[2]
 
 
 def test_read_checks_finds_the_roots_and_the_mirrors_checks_and_a_recorded_one_is_not_rerun(
