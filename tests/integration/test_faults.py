@@ -120,6 +120,49 @@ def test_sigterm_saves_the_current_step_and_resumes_bitwise(corpus, tmp_path):
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_reader_that_goes_away_loses_the_printed_lines_not_the_run(corpus, tmp_path):
+    """The Table 3 harness killed beside its run closes the run's stdout: the run trains on (its
+    record is metrics.jsonl), and SIGTERM still stops it with a checkpoint and "resume me",
+    where the next progress line used to end it with a BrokenPipeError traceback."""
+    workdir = tmp_path / "run"
+    p = cli([*long_run_args(corpus), f"--workdir={workdir}"])
+    for line in p.stdout:
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= 10:
+            closed_at = int(line.split()[1].split("/")[0])
+            break
+    p.stdout.close()
+    p.stdout = None  # communicate() below reads stderr only
+    metrics, deadline = workdir / "metrics.jsonl", time.time() + 300
+    while p.poll() is None and time.time() < deadline:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+        steps = [json.loads(ln)["step"] for ln in lines if ln.endswith("}")] or [0]
+        if max(steps) >= closed_at + 6:  # three progress lines printed into the closed pipe
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == preemption.EXIT_CODES["SIGTERM"], err[-3000:]
+    assert_clean_message(err, "SIGTERM: stopped at step ")
+    assert "BrokenPipe" not in err, err[-3000:]
+    stopped = int(err.split("SIGTERM: stopped at step ")[1].split()[0])
+    assert stopped >= closed_at + 6
+    steps = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()
+    assert steps[-1] == stopped
+
+
+def test_a_command_whose_stdout_is_closed_exits_quietly():
+    """`python -m tfm_jax params ... | head`: the reader is gone before the output; exit 141
+    (a writer stopped by SIGPIPE), one quiet stderr, no traceback (Python prints two)."""
+    read, write = os.pipe()
+    os.close(read)
+    p = cli(["params", "--config=configs/table3.py", "--json"], stdout=write)
+    os.close(write)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 141, err[-3000:]
+    assert_clean_message(err)
+    assert "BrokenPipe" not in err and "Exception ignored" not in err, err[-3000:]
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus, tmp_path):

@@ -34,7 +34,15 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def report(e: BaseException) -> int | None:
     """Prints a user error as one line on stderr and returns its exit code (config errors 2,
-    others 1); None for an error that is a bug (the caller re-raises it)."""
+    a closed stdout 141, others 1); None for an error that is a bug (the caller re-raises it)."""
+    if isinstance(e, BrokenPipeError):
+        # stdout's reader went away (`params ... | head`): the output is lost, and what the
+        # command did is done. Quiet, where Python prints a traceback here and another at exit;
+        # the exit code is that of a writer stopped by SIGPIPE, as a shell reads it
+        from tfm_jax.platform import host
+
+        host.silence_stdout()
+        return 128 + 13
     if isinstance(e, ConfigError):
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -84,7 +84,7 @@ def cmd_prepare(args, overrides) -> int:
 
 def cmd_train(args, overrides) -> int:
     """Trains (or resumes from the newest checkpoint in --workdir) to train.num_steps."""
-    from tfm_jax.platform import cluster
+    from tfm_jax.platform import cluster, host
     from tfm_jax.train import loop
 
     process = cluster.maybe_initialize_distributed(
@@ -95,7 +95,9 @@ def cmd_train(args, overrides) -> int:
     paths.resolve_config_paths(cfg, workdir=args.workdir_typed)
     platform.init_runtime(cfg)
     metrics = loop.train_and_evaluate(cfg, args.workdir)
-    print(json.dumps({"workdir": args.workdir, **metrics}))  # each process's own result
+    # each process's own result; a reader gone (a killed harness) loses this line, not the
+    # stop's message or its exit code
+    host.print_stdout(json.dumps({"workdir": args.workdir, **metrics}))
     if metrics.get("stopped_by"):
         from tfm_jax.train import preemption
 

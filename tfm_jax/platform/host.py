@@ -1,5 +1,5 @@
 """Process set-up before JAX starts (no JAX import here): malloc tunables, accelerator detection,
-and the process's resident memory.
+the process's resident memory, and printing to a stdout whose reader may go away.
 
 CPU-only: the malloc tunables. XLA:CPU allocates each execution's temporaries as one block (5.4
 GB for a base f32 training step at 4,096 target tokens, 4.4 GB in bf16) and frees it when the
@@ -262,3 +262,21 @@ def bf16_warning(dtype: str, backend: str, has_bf16: bool | None) -> str | None:
         "experiments/results/bench.md). For speed here, pass --config.model.dtype=float32 "
         "(a new run: its numbers differ slightly from bf16's)"
     )
+
+
+def print_stdout(line: str) -> bool:
+    """Prints `line` on stdout, flushed. Where stdout's reader has gone (`| head`, a harness
+    that was killed), stdout is pointed at /dev/null and False returned, and the caller goes
+    on: a run's record is its metrics.jsonl and checkpoints, not its stdout, so a progress line
+    nobody reads must not stop (or crash) a run in the middle of its work."""
+    try:
+        print(line, flush=True)
+        return True
+    except BrokenPipeError:
+        silence_stdout()
+        return False
+
+
+def silence_stdout() -> None:
+    """Points stdout at /dev/null, so that writing or flushing it (at exit too) cannot raise."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

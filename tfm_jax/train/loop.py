@@ -249,7 +249,7 @@ class Progress:
             filled = int(width * step / max(self.total, 1))
             print(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}", end="", file=sys.stderr)
         else:
-            print(line, flush=True)
+            host.print_stdout(line)
 
     def close(self):
         if self.tty:
