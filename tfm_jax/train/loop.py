@@ -229,7 +229,8 @@ class Progress:
         self.tty = sys.stderr.isatty() and not os.environ.get("CI")
         self.t0 = time.time()
 
-    def update(self, step: int, m: dict[str, float]):
+    def update(self, step: int, m: dict[str, float]) -> bool:
+        """Shows the step's line; False where stdout's reader has gone."""
         done = step - self.start
         elapsed = time.time() - self.t0
         eta = elapsed / max(done, 1) * (self.total - step)
@@ -248,8 +249,8 @@ class Progress:
             width = 20
             filled = int(width * step / max(self.total, 1))
             print(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}", end="", file=sys.stderr)
-        else:
-            host.print_stdout(line)
+            return True
+        return host.print_stdout(line)
 
     def close(self):
         if self.tty:
@@ -292,9 +293,9 @@ def compile_for_shape(
 def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     """Trains run.state to num_steps (default cfg.train.num_steps); returns the last metrics.
 
-    On SIGTERM or Ctrl-C (preemption.py) it stops after the current step, saves that step, waits
-    for the save and returns early with `stopped_by` (the signal's name) and `step` in the
-    metrics.
+    On SIGTERM or Ctrl-C (preemption.py), or when its stdout's reader has gone (one process), it
+    stops after the current step, saves that step, waits for the save and returns early with
+    `stopped_by` (the signal's name: SIGTERM, SIGINT, SIGPIPE) and `step` in the metrics.
     """
     cfg, trainer = run.cfg, run.trainer
     num_steps = cfg.train.num_steps if num_steps is None else num_steps
@@ -373,8 +374,11 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                     **(report.device_memory(local_devices) or {}),
                 }
                 writer.write(step, "train", metrics)
-                if lead:
-                    progress.update(step, metrics)
+                if lead and not progress.update(step, metrics) and jax.process_count() == 1:
+                    # stdout's reader went away (the harness that ran this was killed): stop
+                    # as SIGPIPE would, but with this step saved. Many hosts must stop together
+                    # (preemption.py), so there the run goes on without its progress lines
+                    stop.request(preemption.signal.SIGPIPE, "stdout's reader went away (SIGPIPE)")
                 window = LogWindow()
                 t_log = time.time()
 

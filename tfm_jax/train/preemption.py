@@ -1,4 +1,4 @@
-"""Stopping a run cleanly on SIGTERM (a scheduler taking the machine) or Ctrl-C.
+"""Stopping a run cleanly on SIGTERM (a scheduler taking the machine), Ctrl-C, or a closed stdout.
 
 SLURM, Kubernetes and TPU pods send SIGTERM some time before they take a machine. The loop
 finishes its step, saves that step, waits for the save to commit and returns; a second signal
@@ -25,11 +25,14 @@ import jax
 # sysexits.h: "try again later"), not 0, so that a scheduler or a batch script can tell a run to
 # resume from a finished one: configs/launch/slurm.sbatch requeues itself on 75, and a Kubernetes
 # Job or JobSet restarts a pod that exits non-zero. Ctrl-C is the shell's 128 + SIGINT.
-EXIT_CODES = {"SIGTERM": 75, "SIGINT": 130}
+EXIT_CODES = {"SIGTERM": 75, "SIGINT": 130, "SIGPIPE": 141}
+# SIGPIPE is no signal here (Python ignores it) but its meaning: the reader of the run's stdout
+# went away (a harness killed, `| head`), found by the next progress line (`request`).
 
 
 class StopRequest:
-    """Catches SIGTERM/SIGINT for the duration of a `with` block and remembers the first one."""
+    """Catches SIGTERM/SIGINT for the duration of a `with` block and remembers the first one
+    (or the first `request`)."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -57,6 +60,12 @@ class StopRequest:
             f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
             "(send it again to exit at once)\n".encode(),
         )
+
+    def request(self, signum: int, why: str) -> None:
+        """Stops after this step with a checkpoint, as a first signal does (a no-op after one)."""
+        if self.signum is None:
+            self.signum = signum
+            os.write(2, f"\n{why}: stopping after this step with a checkpoint\n".encode())
 
     def _install(self, signums) -> None:
         if threading.current_thread() is not threading.main_thread():
