@@ -127,14 +127,14 @@ def test_a_run_whose_stdout_reader_goes_away_stops_with_a_checkpoint(corpus, tmp
     there with a BrokenPipeError traceback, unsaved (or to train on as an orphan, holding the
     lease)."""
     workdir = tmp_path / "run"
-    p = cli([*long_run_args(corpus), f"--workdir={workdir}"])
-    for line in p.stdout:
-        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= 10:
-            closed_at = int(line.split()[1].split("/")[0])
-            break
-    p.stdout.close()
-    p.stdout = None  # communicate() below reads stderr only
-    _, err = p.communicate(timeout=300)
+    with killed_on_exit(cli([*long_run_args(corpus), f"--workdir={workdir}"])) as p:
+        for line in p.stdout:
+            if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= 10:
+                closed_at = int(line.split()[1].split("/")[0])
+                break
+        p.stdout.close()
+        p.stdout = None  # communicate() below reads stderr only
+        _, err = p.communicate(timeout=300)  # a run that trains on is killed, not left behind
     assert p.returncode == preemption.EXIT_CODES["SIGPIPE"] == 141, err[-3000:]
     assert_clean_message(err, "stdout's reader went away (SIGPIPE): stopping after this step")
     assert "BrokenPipe" not in err, err[-3000:]
