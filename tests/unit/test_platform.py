@@ -209,3 +209,20 @@ def test_the_malloc_benchmark_runs_each_setting_with_exactly_its_tunables(monkey
         assert got == (hostenv.TUNABLES if tunables is None else tunables), setting
         assert hostenv.malloc_env(env) is None  # the child re-executes with nothing added
     assert hostenv.tunables_active(malloc_ab.env_for("all"))
+
+
+def test_reader_gone_is_a_pipe_whose_reading_end_is_closed(tmp_path):
+    """What lets the CLI call a BrokenPipeError a closed stdout (exit 141, quiet) and not hide
+    another pipe's: only a pipe without readers polls as gone."""
+    read, write = os.pipe()
+    try:
+        assert not hostenv.reader_gone(write)  # read, and the buffer has room
+        os.close(read)
+        assert hostenv.reader_gone(write)
+    finally:
+        os.close(write)
+    with open(tmp_path / "out.txt", "w") as f:
+        assert not hostenv.reader_gone(f.fileno())  # a file never is
+    from tfm_jax.cli import errors
+
+    assert errors.report(BrokenPipeError(32, "another pipe")) is None  # stdout is read: a bug

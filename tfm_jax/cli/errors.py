@@ -35,12 +35,13 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def report(e: BaseException) -> int | None:
     """Prints a user error as one line on stderr and returns its exit code (config errors 2,
     a closed stdout 141, others 1); None for an error that is a bug (the caller re-raises it)."""
-    if isinstance(e, BrokenPipeError):
+    from tfm_jax.platform import host
+
+    if isinstance(e, BrokenPipeError) and host.reader_gone(sys.stdout.fileno()):
         # stdout's reader went away (`params ... | head`): the output is lost, and what the
         # command did is done. Quiet, where Python prints a traceback here and another at exit;
-        # the exit code is that of a writer stopped by SIGPIPE, as a shell reads it
-        from tfm_jax.platform import host
-
+        # the exit code is that of a writer stopped by SIGPIPE, as a shell reads it. Another
+        # pipe broken (stdout still read) is no user error: it is re-raised, with its trace
         host.silence_stdout()
         return 128 + 13
     if isinstance(e, ConfigError):

@@ -277,6 +277,16 @@ def print_stdout(line: str) -> bool:
         return False
 
 
+def reader_gone(fd: int) -> bool:
+    """Whether `fd` is a pipe (or socket) whose reading end is closed: what a BrokenPipeError
+    from writing it means, and nothing else does (Linux's poll reports POLLERR for it)."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
 def silence_stdout() -> None:
     """Points stdout at /dev/null, so that writing or flushing it (at exit too) cannot raise."""
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
