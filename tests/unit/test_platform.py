@@ -226,3 +226,10 @@ def test_reader_gone_is_a_pipe_whose_reading_end_is_closed(tmp_path):
     from tfm_jax.cli import errors
 
     assert errors.report(BrokenPipeError(32, "another pipe")) is None  # stdout is read: a bug
+
+
+def test_a_broken_pipe_with_a_captured_stdout_is_reraised(capsys):
+    from tfm_jax.cli import errors
+
+    assert not hostenv.reader_gone()  # capsys's stdout has no file descriptor
+    assert errors.report(BrokenPipeError(32, "another pipe")) is None

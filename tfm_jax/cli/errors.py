@@ -37,7 +37,7 @@ def report(e: BaseException) -> int | None:
     a closed stdout 141, others 1); None for an error that is a bug (the caller re-raises it)."""
     from tfm_jax.platform import host
 
-    if isinstance(e, BrokenPipeError) and host.reader_gone(sys.stdout.fileno()):
+    if isinstance(e, BrokenPipeError) and host.reader_gone():
         # stdout's reader went away (`params ... | head`): the output is lost, and what the
         # command did is done. Quiet, where Python prints a traceback here and another at exit;
         # the exit code is that of a writer stopped by SIGPIPE, as a shell reads it. Another

@@ -266,9 +266,9 @@ def bf16_warning(dtype: str, backend: str, has_bf16: bool | None) -> str | None:
 
 def print_stdout(line: str) -> bool:
     """Prints `line` on stdout, flushed. Where stdout's reader has gone (`| head`, a harness
-    that was killed), stdout is pointed at /dev/null and False returned, and the caller goes
-    on: a run's record is its metrics.jsonl and checkpoints, not its stdout, so a progress line
-    nobody reads must not stop (or crash) a run in the middle of its work."""
+    that was killed), stdout is pointed at /dev/null and False returned, where Python raises:
+    a line nobody reads must not crash a run in the middle of its work (the training loop
+    stops it with that step saved; its result line is only lost)."""
     try:
         print(line, flush=True)
         return True
@@ -277,11 +277,18 @@ def print_stdout(line: str) -> bool:
         return False
 
 
-def reader_gone(fd: int) -> bool:
-    """Whether `fd` is a pipe (or socket) whose reading end is closed: what a BrokenPipeError
-    from writing it means, and nothing else does (Linux's poll reports POLLERR for it)."""
+def reader_gone(fd: int | None = None) -> bool:
+    """Whether `fd` (default: stdout's) is a pipe or socket whose reading end is closed: what a
+    BrokenPipeError from writing it means, and nothing else does (Linux's poll reports POLLERR
+    for it). False for a stdout that is no file (a test's capture)."""
+    import io
     import select
 
+    if fd is None:
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, ValueError, io.UnsupportedOperation):
+            return False
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     return any(events & select.POLLERR for _, events in poller.poll(0))
