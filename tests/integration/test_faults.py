@@ -72,6 +72,19 @@ def wait_for_step(log_path, at_least: int, proc, timeout=300) -> None:
     raise AssertionError(f"the run never reached step {at_least}: {log_path.read_text()[-2000:]}")
 
 
+def close_stdout_after_step(proc, at_least: int) -> int:
+    """Reads the run's stdout to its first progress line at `at_least` steps or more, then closes
+    it, as a harness that is killed does; returns that line's step."""
+    for line in proc.stdout:
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= at_least:
+            break
+    else:
+        raise AssertionError(f"the run's stdout ended before step {at_least}")
+    proc.stdout.close()
+    proc.stdout = None  # communicate() reads stderr only
+    return int(line.split()[1].split("/")[0])
+
+
 def params_at(workdir, step, cfg):
     abstract = make_trainer(cfg).abstract_state.params
     return jax.device_get(reading.load_params(workdir, str(step), abstract))
@@ -128,12 +141,7 @@ def test_a_run_whose_stdout_reader_goes_away_stops_with_a_checkpoint(corpus, tmp
     lease)."""
     workdir = tmp_path / "run"
     with killed_on_exit(cli([*long_run_args(corpus), f"--workdir={workdir}"])) as p:
-        for line in p.stdout:
-            if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= 10:
-                closed_at = int(line.split()[1].split("/")[0])
-                break
-        p.stdout.close()
-        p.stdout = None  # communicate() below reads stderr only
+        closed_at = close_stdout_after_step(p, 10)
         _, err = p.communicate(timeout=300)  # a run that trains on is killed, not left behind
     assert p.returncode == preemption.EXIT_CODES["SIGPIPE"] == 141, err[-3000:]
     assert_clean_message(err, "stdout's reader went away (SIGPIPE): stopping after this step")
@@ -224,6 +232,38 @@ def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_pat
     steps = Checkpointer(tmp_path / "run", every_steps=0, every_secs=0,
                                     keep=5).all_steps()  # fmt: skip
     assert steps[-1] == summary[0]["step"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_when_the_leads_stdout_reader_goes_away_both_hosts_stop_at_one_saved_step(corpus, tmp_path):
+    """Two hosts, the lead's stdout read by a harness that goes away: one host cannot stop alone
+    (the other would hang at the save barrier), so the lead has JAX's preemption service pick a
+    step; both save it and stop, the lead saying SIGPIPE (141), host 1 SIGTERM (75). Before,
+    both trained on to the end of their budget with the workdir's lease held."""
+    args = long_run_args(corpus, **{"model.dropout": 0.0})
+    port = free_port()
+    log1 = tmp_path / "stdout1.txt"
+    host = [f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
+            "--num_processes=2"]  # fmt: skip
+    with (
+        open(log1, "w") as out1,
+        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=out1)) as p1,
+        killed_on_exit(cli([*args, *host, "--process_id=0"])) as p0,
+    ):
+        closed_at = close_stdout_after_step(p0, 6)
+        err0 = p0.communicate(timeout=300)[1]
+        err1 = p1.communicate(timeout=300)[1]
+    assert p0.returncode == preemption.EXIT_CODES["SIGPIPE"], err0[-3000:]
+    assert p1.returncode == preemption.EXIT_CODES["SIGTERM"], err1[-3000:]
+    assert_clean_message(err0, "stdout's reader went away (SIGPIPE): stopping every host")
+    assert "BrokenPipe" not in err0, err0[-3000:]
+    stopped = int(err0.split("SIGPIPE: stopped at step ")[1].split()[0])
+    summary1 = json.loads(log1.read_text().strip().splitlines()[-1])
+    assert summary1["stopped_by"] == "SIGTERM" and summary1["step"] == stopped
+    assert closed_at < stopped < 100_000
+    steps = Checkpointer(tmp_path / "run", every_steps=0, every_secs=0, keep=5).all_steps()
+    assert steps[-1] == stopped
 
 
 @pytest.mark.multiprocess

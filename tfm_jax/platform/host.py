@@ -40,8 +40,10 @@ tunable already in GLIBC_TUNABLES is left as the user set it.
 
 from __future__ import annotations
 
+import io
 import os
 import platform
+import select
 import sys
 
 # The three that keep the heap at its high-water mark (huge pages alone do not).
@@ -281,9 +283,6 @@ def reader_gone(fd: int | None = None) -> bool:
     """Whether `fd` (default: stdout's) is a pipe or socket whose reading end is closed: what a
     BrokenPipeError from writing it means, and nothing else does (Linux's poll reports POLLERR
     for it). False for a stdout that is no file (a test's capture)."""
-    import io
-    import select
-
     if fd is None:
         try:
             fd = sys.stdout.fileno()

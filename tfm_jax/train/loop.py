@@ -293,7 +293,7 @@ def compile_for_shape(
 def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     """Trains run.state to num_steps (default cfg.train.num_steps); returns the last metrics.
 
-    On SIGTERM or Ctrl-C (preemption.py), or when its stdout's reader has gone (one process), it
+    On SIGTERM or Ctrl-C (preemption.py), or when the lead's stdout reader has gone, it
     stops after the current step, saves that step, waits for the save and returns early with
     `stopped_by` (the signal's name: SIGTERM, SIGINT, SIGPIPE) and `step` in the metrics.
     """
@@ -374,11 +374,15 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                     **(report.device_memory(local_devices) or {}),
                 }
                 writer.write(step, "train", metrics)
-                if lead and not progress.update(step, metrics) and jax.process_count() == 1:
+                if lead and not progress.update(step, metrics):
                     # stdout's reader went away (the harness that ran this was killed): stop
-                    # as SIGPIPE would, but with this step saved. Many hosts must stop together
-                    # (preemption.py), so there the run goes on without its progress lines
-                    stop.request(preemption.signal.SIGPIPE, "stdout's reader went away (SIGPIPE)")
+                    # as SIGPIPE would, but with a step saved. Several hosts must save the
+                    # same step (preemption.py), so there they agree on one first
+                    why = "stdout's reader went away (SIGPIPE)"
+                    if jax.process_count() == 1:
+                        stop.request(preemption.signal.SIGPIPE, why)
+                    else:
+                        stop.request_on_every_host(preemption.signal.SIGPIPE, why)
                 window = LogWindow()
                 t_log = time.time()
 

@@ -10,7 +10,8 @@ One process: a Python handler sets a flag the loop reads between steps. Several 
 every host must save the same step, or Orbax's save barrier hangs, so SIGTERM is left to JAX's
 preemption service (started by `jax.distributed.initialize`), which agrees on a step with the
 other hosts; the loop asks `Checkpointer.reached_preemption` every step. Ctrl-C keeps Python's
-default there (a KeyboardInterrupt on the one host it reaches).
+default there (a KeyboardInterrupt on the one host it reaches). A closed stdout on the lead
+goes through the same service (`request_on_every_host`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import jax
 # Job or JobSet restarts a pod that exits non-zero. Ctrl-C is the shell's 128 + SIGINT.
 EXIT_CODES = {"SIGTERM": 75, "SIGINT": 130, "SIGPIPE": 141}
 # SIGPIPE is no signal here (Python ignores it) but its meaning: the reader of the run's stdout
-# went away (a harness killed, `| head`), found by the next progress line (`request`).
+# went away (a harness killed, `| head`), found by the next progress line (`request`). With
+# several processes only the lead's stop says SIGPIPE; the others were stopped for it (SIGTERM).
 
 
 class StopRequest:
@@ -36,6 +38,7 @@ class StopRequest:
 
     def __init__(self):
         self.signum: int | None = None
+        self._pending: int | None = None  # what this host's stop will say, once all hosts agree
         self._previous: dict[int, object] = {}
 
     @property
@@ -67,6 +70,17 @@ class StopRequest:
             self.signum = signum
             os.write(2, f"\n{why}: stopping after this step with a checkpoint\n".encode())
 
+    def request_on_every_host(self, signum: int, why: str) -> None:
+        """Several processes: stops every host at one step, each saving it, as SIGTERM on one
+        of them does. This process sends itself SIGTERM, which JAX's preemption service (not
+        Python: `__enter__` leaves it to JAX there) turns into a step every host agrees on;
+        `reached_preemption` then arms the save, and this host's stop says `signum`."""
+        if self.signum is None and self._pending is None:
+            self._pending = signum
+            message = f"\n{why}: stopping every host at a step they agree on, with a checkpoint\n"
+            os.write(2, message.encode())
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def _install(self, signums) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread
@@ -76,7 +90,7 @@ class StopRequest:
 
     def arm_for_save(self, signum: int) -> None:
         """Multi-host: JAX's service caught SIGTERM; from now on a signal exits at once."""
-        self.signum = self.signum or signum
+        self.signum = self.signum or self._pending or signum
         self._install((signal.SIGTERM, signal.SIGINT))
 
     def __enter__(self) -> StopRequest:
