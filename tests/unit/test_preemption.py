@@ -16,7 +16,7 @@ import json, os, signal, sys
 from tfm_jax.train import preemption
 
 out = {}
-if sys.argv[1] == "several_hosts":
+if sys.argv[1] in ("several_hosts", "service_off"):
     # JAX's preemption service owns SIGTERM on several hosts; a Python handler stands in for it
     caught = []
     signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
@@ -43,8 +43,8 @@ print(json.dumps(out))
 """
 
 
-def run(case: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+def run(case: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **env_vars)
     env.pop("XLA_FLAGS", None)
     return subprocess.run([sys.executable, "-c", SCRIPT, case], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -60,6 +60,18 @@ def test_a_closed_stdout_on_several_hosts_asks_every_host_once_and_the_lead_says
     }
     assert p.stderr.count("stopping every host at a step they agree on") == 1, p.stderr
     assert preemption.EXIT_CODES["SIGPIPE"] == 141 and preemption.EXIT_CODES["SIGTERM"] == 75
+
+
+def test_with_jaxs_preemption_service_off_a_closed_stdout_sends_no_sigterm():
+    """SIGTERM would then kill the lead alone and hang the other hosts: it trains on, as it says."""
+    p = run("service_off", JAX_ENABLE_PREEMPTION_SERVICE="false")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout) == {
+        "sigterms_sent": 0,
+        "stops_alone": False,
+        "stopped_by": "SIGPIPE",
+    }
+    assert "training on without progress lines, as JAX's preemption service is off" in p.stderr
 
 
 def test_one_host_keeps_the_first_stops_reason_and_restores_the_handler():

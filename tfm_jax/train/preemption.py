@@ -74,12 +74,18 @@ class StopRequest:
         """Several processes: stops every host at one step, each saving it, as SIGTERM on one
         of them does. This process sends itself SIGTERM, which JAX's preemption service (not
         Python: `__enter__` leaves it to JAX there) turns into a step every host agrees on;
-        `reached_preemption` then arms the save, and this host's stop says `signum`."""
-        if self.signum is None and self._pending is None:
-            self._pending = signum
-            message = f"\n{why}: stopping every host at a step they agree on, with a checkpoint\n"
-            os.write(2, message.encode())
-            os.kill(os.getpid(), signal.SIGTERM)
+        `reached_preemption` then arms the save, and this host's stop says `signum`. With the
+        service turned off there is nothing to agree through: it says so, and the hosts train on."""
+        if self.signum is not None or self._pending is not None:
+            return
+        self._pending = signum
+        if not jax.config.jax_enable_preemption_service:  # SIGTERM would kill this host alone
+            os.write(2, f"\n{why}: training on without progress lines, as JAX's preemption "
+                     "service is off (jax_enable_preemption_service)\n".encode())  # fmt: skip
+            return
+        message = f"\n{why}: stopping every host at a step they agree on, with a checkpoint\n"
+        os.write(2, message.encode())
+        os.kill(os.getpid(), signal.SIGTERM)
 
     def _install(self, signums) -> None:
         if threading.current_thread() is not threading.main_thread():
