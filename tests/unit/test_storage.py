@@ -1,6 +1,7 @@
 """platform/storage.py, the one path layer: URLs stay URLs, local writes are whole, appends
 append, and a gs:// path without the gcs extra is an error naming it."""
 
+import errno
 import importlib.util
 import os
 
@@ -68,3 +69,10 @@ def test_the_cli_says_so_in_one_line(monkeypatch, capsys):
 
     assert errors.report(storage.StorageError("gs://b: ... '.[gcs]'")) == 1
     assert capsys.readouterr().err.strip() == "error: gs://b: ... '.[gcs]'"
+
+
+def test_a_failed_append_names_its_file():
+    """Python's OSError from writing or flushing names no file; metrics.jsonl's full disk must."""
+    with pytest.raises(OSError) as full:
+        storage.append_lines("/dev/full", ["a line"])
+    assert full.value.errno == errno.ENOSPC and full.value.filename == "/dev/full"

@@ -39,6 +39,18 @@ from tfm_jax.platform import storage
 log = logging.getLogger(__name__)
 
 
+def _resume_text(newest: int | None, full: bool) -> str:
+    """The end of a failed save's message: the newest complete checkpoint and how to go on."""
+    newest_text = (
+        f"The newest complete checkpoint is still step {newest}"
+        if newest is not None
+        else "No complete checkpoint was saved before it"
+    )
+    fix = "Free space on that filesystem (or move the workdir)" if full else "Fix that"
+    resume = f"resume from step {newest}" if newest is not None else "start again"
+    return f"{newest_text}. {fix}, then run the same command to {resume}"
+
+
 def _megabytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
@@ -304,17 +316,20 @@ class Checkpointer:
                 space += f", {_megabytes(free)} are free there"
         committed = self._mngr.all_steps() if self._failure is None else []
         newest = max([s for s in committed if s != step], default=self._committed)
-        newest_text = (
-            f"The newest complete checkpoint is still step {newest}"
-            if newest is not None
-            else "No complete checkpoint was saved before it"
-        )
-        fix = "Free space on that filesystem (or move the workdir)" if full else "Fix that"
-        resume = f"resume from step {newest}" if newest is not None else "start again"
         return CheckpointSaveError(
             f"checkpoint {step if step is not None else ''} could not be saved in "
-            f"{self.directory} ({what}{space}); training stopped. {newest_text}. {fix}, then "
-            f"run the same command to {resume}"
+            f"{self.directory} ({what}{space}); training stopped. {_resume_text(newest, full)}"
+        )
+
+    def disk_full_error(self, e: OSError) -> CheckpointSaveError:
+        """The error to stop with when a write beside the checkpoints (metrics.jsonl) found the
+        disk full, naming the newest complete checkpoint once the save in flight has ended (a
+        save that failed too raises its own CheckpointSaveError here instead)."""
+        self.wait()
+        where = f" writing {e.filename}" if e.filename else ""
+        return CheckpointSaveError(
+            f"no space left on the device{where} ({e.strerror}); training stopped. "
+            + _resume_text(self.latest_step(), full=True)
         )
 
     def _remove_partial(self, step: int | None) -> None:

@@ -141,8 +141,12 @@ def append_lines(p: str | os.PathLike, lines: list[str]) -> None:
     text = "".join(line + "\n" for line in lines)
     if not is_remote(p):
         makedirs(os.path.dirname(os.path.abspath(os.fspath(p))))
-        with path(p).open("a", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with path(p).open("a", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:  # a failed write or flush names no file: say which
+            e.filename = e.filename or os.fspath(p)
+            raise
         return
     old = read_text(p) if exists(p) else ""
     write_text(p, old + text)

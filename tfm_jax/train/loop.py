@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from tfm_jax import data, platform
+from tfm_jax.checkpoint.errors import CheckpointSaveError
 from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.config import paths
 from tfm_jax.model import losses, sharding
@@ -440,5 +442,9 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
         run.lease = held
         try:
             return train_loop(run)
+        except OSError as e:  # the disk filled under metrics.jsonl, not a save: say what is kept
+            if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, CheckpointSaveError):
+                raise run.checkpointer.disk_full_error(e) from None
+            raise
         finally:
             run.checkpointer.close()
