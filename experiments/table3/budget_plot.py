@@ -14,12 +14,13 @@ import csv
 import json
 import os
 
+from tfm_jax.viz.curves import read_metrics
+
 
 def curve(workdir: str) -> tuple[int, list[dict]]:
     with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
         tokens = json.load(f)["data"]["tokens_per_batch"]
-    with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
-        evals = [r for r in map(json.loads, f) if r.get("kind") == "eval"]
+    evals = [r for r in read_metrics(workdir) if r.get("kind") == "eval"]
     return tokens, evals
 
 

@@ -213,6 +213,18 @@ def test_dev_curve_reads_metrics_jsonl(tmp_path):
     assert curve == [(100, 4.0), (200, 2.9), (300, 2.5)]
 
 
+def test_a_metrics_line_cut_short_is_skipped_with_a_warning(tmp_path, caplog):
+    """A full disk or a kill mid-append leaves half a line, and the resumed run appends its
+    first record onto it: that one line is lost, the curve and `plot` are not."""
+    good = [{"step": 100, "kind": "eval", "nll": 4.0}, {"step": 300, "kind": "eval", "nll": 2.5}]
+    cut = json.dumps({"step": 200, "kind": "eval", "nll": 3.0})[:17]
+    text = json.dumps(good[0]) + "\n" + cut + json.dumps(good[1]) + "\n" + json.dumps(good[1])
+    (tmp_path / "metrics.jsonl").write_text(text + "\n")
+    with caplog.at_level("WARNING"):
+        assert read_metrics(str(tmp_path)) == [good[0], good[1]]
+    assert "skipped 1 line(s) that are not whole JSON" in caplog.text
+
+
 def test_report_from_synthetic_results(tmp_path):
     root = str(tmp_path / "runs")
     results = []

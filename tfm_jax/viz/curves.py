@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 
 from tfm_jax.platform import storage
+
+log = logging.getLogger(__name__)
 
 
 def save_figure(fig, out: str) -> None:
@@ -21,7 +24,15 @@ def read_metrics(workdir: str) -> list[dict]:
     path = workdir if not storage.isdir(workdir) else storage.join(workdir, "metrics.jsonl")
     if not storage.exists(path):
         raise FileNotFoundError(f"{path} does not exist: train first (python -m tfm_jax train)")
-    return [json.loads(line) for line in storage.read_text(path).splitlines() if line.strip()]
+    records, cut = [], 0
+    for line in filter(str.strip, storage.read_text(path).splitlines()):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            cut += 1
+    if cut:  # a kill or a full disk mid-append; the run resumed after it appends on
+        log.warning("%s: skipped %d line(s) that are not whole JSON (a write cut short)", path, cut)
+    return records
 
 
 def plot_learning_curves(workdir: str, out: str | None = None) -> str:
