@@ -20,9 +20,10 @@ if sys.argv[1] in ("several_hosts", "service_off"):
     # JAX's preemption service owns SIGTERM on several hosts; a Python handler stands in for it
     caught = []
     signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
+    preemption.jax.process_count = lambda: 2  # as jax.distributed.initialize leaves it
     stop = preemption.StopRequest()
-    stop.request_on_every_host(signal.SIGPIPE, "stdout's reader went away (SIGPIPE)")
-    stop.request_on_every_host(signal.SIGPIPE, "stdout's reader went away (SIGPIPE)")
+    stop.request_everywhere(signal.SIGPIPE, "stdout's reader went away (SIGPIPE)")
+    stop.request_everywhere(signal.SIGPIPE, "stdout's reader went away (SIGPIPE)")
     out["sigterms_sent"] = len(caught)
     out["stops_alone"] = stop.requested  # it must not: the other hosts would hang
     stop.arm_for_save(signal.SIGTERM)  # what the loop does once the service agrees on a step
@@ -34,6 +35,13 @@ elif sys.argv[1] == "one_host":
         stop.request(signal.SIGPIPE, "too late")  # the first stop's reason is kept
         out["stopped_by"] = stop.name
     out["handler_restored"] = signal.getsignal(signal.SIGTERM) is before
+elif sys.argv[1] == "one_host_reader_gone":
+    caught = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: caught.append(signum))
+    with preemption.StopRequest() as stop:
+        stop.request_everywhere(signal.SIGPIPE, "stdout's reader went away (SIGPIPE)")
+        out["stopped_by"] = stop.name  # at once: no other host to agree with
+    out["sigterms_sent"] = len(caught)
 elif sys.argv[1] == "twice":
     with preemption.StopRequest() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
@@ -72,6 +80,13 @@ def test_with_jaxs_preemption_service_off_a_closed_stdout_sends_no_sigterm():
         "stopped_by": "SIGPIPE",
     }
     assert "training on without progress lines, as JAX's preemption service is off" in p.stderr
+
+
+def test_a_closed_stdout_on_one_host_stops_it_at_once_without_a_signal():
+    p = run("one_host_reader_gone")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(p.stdout) == {"stopped_by": "SIGPIPE", "sigterms_sent": 0}
+    assert "stdout's reader went away (SIGPIPE): stopping after this step" in p.stderr
 
 
 def test_one_host_keeps_the_first_stops_reason_and_restores_the_handler():

@@ -76,3 +76,6 @@ def test_a_failed_append_names_its_file():
     with pytest.raises(OSError) as full:
         storage.append_lines("/dev/full", ["a line"])
     assert full.value.errno == errno.ENOSPC and full.value.filename == "/dev/full"
+    assert storage.is_disk_full(full.value)  # what the CLI, the loop and a failed save ask
+    assert not storage.is_disk_full(OSError(errno.EIO, "I/O error"))
+    assert not storage.is_disk_full(ValueError("No space left"))

@@ -13,7 +13,6 @@ The workdir's layout is described in layout.py.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import time
@@ -304,7 +303,7 @@ class Checkpointer:
 
     def _save_error(self, step: int | None, e: BaseException) -> CheckpointSaveError:
         text = str(e)
-        full = (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or any(
+        full = storage.is_disk_full(e) or any(
             s in text for s in ("No space left", "os_error_code='28'", "Disk quota")
         )
         what = "no space left on the device" if full else reading.read_error_reason(e)

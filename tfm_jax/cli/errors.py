@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import sys
 
 from tfm_jax.config.validate import ConfigError
@@ -35,7 +34,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
 def report(e: BaseException) -> int | None:
     """Prints a user error as one line on stderr and returns its exit code (config errors 2,
     a closed stdout 141, others 1); None for an error that is a bug (the caller re-raises it)."""
-    from tfm_jax.platform import host
+    from tfm_jax.platform import host, storage
 
     if isinstance(e, BrokenPipeError) and host.reader_gone():
         # stdout's reader went away (`params ... | head`): the output is lost, and what the
@@ -47,7 +46,7 @@ def report(e: BaseException) -> int | None:
     if isinstance(e, ConfigError):
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if storage.is_disk_full(e):
         where = f" writing {e.filename}" if e.filename else ""
         print(
             f"error: no space left on the device{where} ({e.strerror}). Free space (or move the "

@@ -21,6 +21,7 @@ A `gs://` path needs gcsfs (epath reaches GCS through fsspec): without it, `path
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import posixpath
@@ -194,6 +195,11 @@ def download_dir(remote: str, local: str) -> None:
         if os.path.isdir(tmp):
             path(tmp).rmtree()
         raise
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """An OSError saying the disk (or the user's quota on it) is full."""
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def free_bytes(p: str | os.PathLike) -> int | None:

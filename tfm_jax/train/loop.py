@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import math
@@ -381,10 +380,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                     # as SIGPIPE would, but with a step saved. Several hosts must save the
                     # same step (preemption.py), so there they agree on one first
                     why = "stdout's reader went away (SIGPIPE)"
-                    if jax.process_count() == 1:
-                        stop.request(preemption.signal.SIGPIPE, why)
-                    else:
-                        stop.request_on_every_host(preemption.signal.SIGPIPE, why)
+                    stop.request_everywhere(preemption.signal.SIGPIPE, why)
                 window = LogWindow()
                 t_log = time.time()
 
@@ -443,7 +439,7 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
         try:
             return train_loop(run)
         except OSError as e:  # the disk filled under metrics.jsonl, not a save: say what is kept
-            if e.errno in (errno.ENOSPC, errno.EDQUOT) and not isinstance(e, CheckpointSaveError):
+            if storage.is_disk_full(e) and not isinstance(e, CheckpointSaveError):
                 raise run.checkpointer.disk_full_error(e) from None
             raise
         finally:

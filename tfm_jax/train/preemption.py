@@ -11,7 +11,7 @@ every host must save the same step, or Orbax's save barrier hangs, so SIGTERM is
 preemption service (started by `jax.distributed.initialize`), which agrees on a step with the
 other hosts; the loop asks `Checkpointer.reached_preemption` every step. Ctrl-C keeps Python's
 default there (a KeyboardInterrupt on the one host it reaches). A closed stdout on the lead
-goes through the same service (`request_on_every_host`).
+goes through the same service (`request_everywhere`).
 """
 
 from __future__ import annotations
@@ -69,6 +69,14 @@ class StopRequest:
         if self.signum is None:
             self.signum = signum
             os.write(2, f"\n{why}: stopping after this step with a checkpoint\n".encode())
+
+    def request_everywhere(self, signum: int, why: str) -> None:
+        """Stops every host after this step with a checkpoint, for a reason one host found (the
+        lead's stdout closed): `request` with one process, `request_on_every_host` with several."""
+        if jax.process_count() == 1:
+            self.request(signum, why)
+        else:
+            self.request_on_every_host(signum, why)
 
     def request_on_every_host(self, signum: int, why: str) -> None:
         """Several processes: stops every host at one step, each saving it, as SIGTERM on one
