@@ -8,16 +8,21 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import jax
 import numpy as np
 import pytest
 from helpers import REPO
+from helpers.faults import (
+    assert_clean_message,
+    cli,
+    close_stdout_after_step,
+    long_run_args,
+    wait_for_step,
+)
 from helpers.runs import (
     cli_args,
-    free_port,
     killed_on_exit,
     python_lines,
     tiny_run_config,
@@ -50,54 +55,9 @@ def trained(corpus, tmp_path_factory):
     return workdir
 
 
-def cli(args, stdout=subprocess.PIPE, **kw):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
-    return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,
-                            stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
-
-
-def assert_clean_message(err: str, *needles: str) -> None:
-    assert "Traceback" not in err, err[-3000:]
-    assert "Event loop is closed" not in err, err[-3000:]
-    for needle in needles:
-        assert needle in err, (needle, err[-3000:])
-
-
-def wait_for_step(log_path, at_least: int, proc, timeout=300) -> None:
-    """Blocks until the run's progress (stdout, in a file) has passed `at_least` steps."""
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None:
-        lines = [ln for ln in log_path.read_text().splitlines() if ln.startswith("step ")]
-        if lines and int(lines[-1].split()[1].split("/")[0]) >= at_least:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"the run never reached step {at_least}: {log_path.read_text()[-2000:]}")
-
-
-def close_stdout_after_step(proc, at_least: int) -> int:
-    """Reads the run's stdout to its first progress line at `at_least` steps or more, then closes
-    it, as a harness that is killed does; returns that line's step."""
-    for line in proc.stdout:
-        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= at_least:
-            break
-    else:
-        raise AssertionError(f"the run's stdout ended before step {at_least}")
-    proc.stdout.close()
-    proc.stdout = None  # communicate() reads stderr only
-    return int(line.split()[1].split("/")[0])
-
-
 def params_at(workdir, step, cfg):
     abstract = make_trainer(cfg).abstract_state.params
     return jax.device_get(reading.load_params(workdir, str(step), abstract))
-
-
-def long_run_args(corpus, **extra):
-    overrides = tiny_run_overrides(corpus, **{
-        "train.num_steps": 100_000, "train.log_every_steps": 2, "train.eval_every_steps": 100_000,
-        "train.checkpoint_every_steps": 1000, **extra})  # fmt: skip
-    return ["train", "--config=configs/small.py", *cli_args(overrides)]
 
 
 @pytest.mark.multiprocess
@@ -206,67 +166,6 @@ def test_second_signal_exits_at_once_and_leaves_only_complete_checkpoints(corpus
     for step in steps:  # every checkpoint Orbax lists restores
         params_at(workdir, step, cfg)
     ckpt.close()
-
-
-@pytest.mark.multiprocess
-@pytest.mark.slow
-def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_path):
-
-    args = long_run_args(corpus, **{"model.dropout": 0.0})
-    port = free_port()
-    logs = [tmp_path / f"stdout{i}.txt" for i in range(2)]
-    files = [open(log, "w") for log in logs]
-    procs = [cli([*args, f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
-                  "--num_processes=2", f"--process_id={i}"], stdout=files[i])  # fmt: skip
-             for i in range(2)]  # fmt: skip
-    try:
-        wait_for_step(logs[0], 6, procs[0])
-        procs[1].send_signal(signal.SIGTERM)  # the scheduler takes host 1
-        errs = [p.communicate(timeout=300)[1] for p in procs]
-    finally:
-        for p in procs:
-            p.kill() if p.poll() is None else None
-        for f in files:
-            f.close()
-    for p, err in zip(procs, errs, strict=True):
-        assert p.returncode == 75, err[-3000:]
-    summary = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
-    assert summary[0]["step"] == summary[1]["step"] and summary[0]["stopped_by"] == "SIGTERM"
-    steps = Checkpointer(tmp_path / "run", every_steps=0, every_secs=0,
-                                    keep=5).all_steps()  # fmt: skip
-    assert steps[-1] == summary[0]["step"]
-
-
-@pytest.mark.multiprocess
-@pytest.mark.slow
-def test_when_the_leads_stdout_reader_goes_away_both_hosts_stop_at_one_saved_step(corpus, tmp_path):
-    """Two hosts, the lead's stdout read by a harness that goes away: one host cannot stop alone
-    (the other would hang at the save barrier), so the lead has JAX's preemption service pick a
-    step; both save it and stop, the lead saying SIGPIPE (141), host 1 SIGTERM (75). Before,
-    both trained on to the end of their budget with the workdir's lease held."""
-    args = long_run_args(corpus, **{"model.dropout": 0.0})
-    port = free_port()
-    log1 = tmp_path / "stdout1.txt"
-    host = [f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
-            "--num_processes=2"]  # fmt: skip
-    with (
-        open(log1, "w") as out1,
-        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=out1)) as p1,
-        killed_on_exit(cli([*args, *host, "--process_id=0"])) as p0,
-    ):
-        closed_at = close_stdout_after_step(p0, 6)
-        err0 = p0.communicate(timeout=300)[1]
-        err1 = p1.communicate(timeout=300)[1]
-    assert p0.returncode == preemption.EXIT_CODES["SIGPIPE"], err0[-3000:]
-    assert p1.returncode == preemption.EXIT_CODES["SIGTERM"], err1[-3000:]
-    assert_clean_message(err0, "stdout's reader went away (SIGPIPE): stopping every host")
-    assert "BrokenPipe" not in err0, err0[-3000:]
-    stopped = int(err0.split("SIGPIPE: stopped at step ")[1].split()[0])
-    summary1 = json.loads(log1.read_text().strip().splitlines()[-1])
-    assert summary1["stopped_by"] == "SIGTERM" and summary1["step"] == stopped
-    assert closed_at < stopped < 100_000
-    steps = Checkpointer(tmp_path / "run", every_steps=0, every_secs=0, keep=5).all_steps()
-    assert steps[-1] == stopped
 
 
 @pytest.mark.multiprocess

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
+import errno
 import logging
 import math
 import os
-import sys
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
@@ -31,6 +29,7 @@ from tfm_jax.model.scoring import perplexity
 from tfm_jax.platform import cluster, host, lease, report, storage
 from tfm_jax.train import preemption, resume
 from tfm_jax.train.profile import Profiler
+from tfm_jax.train.reporting import LogWindow, MetricsWriter, Progress
 from tfm_jax.train.trainer import CompiledStep, Trainer, TrainState, make_trainer
 
 log = logging.getLogger(__name__)
@@ -154,110 +153,6 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     return Run(cfg, workdir, trainer, tokenizer, train_iter, eval_batches, ckpt, state, start)
 
 
-@dataclasses.dataclass
-class LogWindow:
-    """What the steps since the last log line add up to: the step metrics summed on the device
-    (no host transfer until a log step), the real and padded token slots, steps and FLOPs."""
-
-    sums: dict | None = None
-    real: int = 0
-    slots: int = 0
-    steps: int = 0
-    flops: float = 0.0  # batches of different shapes differ
-
-    def add(self, step_metrics: dict, local: dict, flops: float) -> None:
-        self.sums = (
-            step_metrics if self.sums is None else jax.tree.map(jnp.add, self.sums, step_metrics)
-        )
-        self.real += int(np.count_nonzero(local["inputs"])) + int(
-            np.count_nonzero(local["targets"])
-        )
-        self.slots += local["inputs"].size + local["targets"].size
-        self.steps += 1
-        self.flops += flops
-
-
-class MetricsWriter:
-    """One JSON line per log step in <workdir>/metrics.jsonl, plus TensorBoard event files.
-
-    Locally each line is appended as it comes. Object storage cannot append, so on a gs://
-    workdir the lines are kept and the object rewritten at most every `flush_secs` (and at
-    every save and at the end: `flush`)."""
-
-    def __init__(self, workdir: str, enabled: bool, flush_secs: float = 30.0):
-        self.enabled = enabled
-        self.path = storage.join(workdir, "metrics.jsonl")
-        self._remote, self._pending, self._flushed = storage.is_remote(workdir), [], time.time()
-        self._flush_secs = flush_secs
-        self._tb = None
-        if enabled:
-            try:
-                from tensorboardX import SummaryWriter
-
-                self._tb = SummaryWriter(storage.join(workdir, "tensorboard"))
-            except ImportError as e:  # metrics.jsonl is the record; TensorBoard is a convenience
-                why = " (gs:// event files need the gcs extra)" if self._remote else ""
-                log.warning("no TensorBoard event files: %s is not installed%s", e.name, why)
-
-    def flush(self) -> None:
-        storage.append_lines(self.path, self._pending)
-        self._pending, self._flushed = [], time.time()
-
-    def write(self, step: int, kind: str, values: dict[str, float]):
-        if not self.enabled:
-            return
-        self._pending.append(json.dumps({"step": step, "kind": kind, **values}))
-        if not self._remote or time.time() - self._flushed > self._flush_secs:
-            self.flush()
-        if self._tb is not None:
-            for k, v in values.items():
-                if isinstance(v, (int, float)) and math.isfinite(v):
-                    self._tb.add_scalar(f"{kind}/{k}", v, step)
-            self._tb.flush()
-
-    def close(self):
-        if self.enabled:
-            self.flush()
-        if self._tb is not None:
-            self._tb.close()
-
-
-class Progress:
-    """A one-line progress bar on a terminal; plain log lines elsewhere (CI, files)."""
-
-    def __init__(self, total: int, start: int):
-        self.total, self.start = total, start
-        self.tty = sys.stderr.isatty() and not os.environ.get("CI")
-        self.t0 = time.time()
-
-    def update(self, step: int, m: dict[str, float]) -> bool:
-        """Shows the step's line; False where stdout's reader has gone."""
-        done = step - self.start
-        elapsed = time.time() - self.t0
-        eta = elapsed / max(done, 1) * (self.total - step)
-        if "device_bytes" in m:  # an accelerator's memory, not the host's
-            memory = (
-                f"device {m['device_bytes'] / 2**30:.1f} GB (peak "
-                f"{m['device_peak_bytes'] / 2**30:.1f} of {m['device_limit_bytes'] / 2**30:.1f})"
-            )
-        else:
-            memory = f"RSS {m['rss_bytes'] / 2**30:.1f} GB (peak {m['peak_rss_bytes'] / 2**30:.1f})"
-        line = (
-            f"step {step}/{self.total} loss {m['loss']:.3f} ppl {m['ppl']:.2f} "
-            f"{m['target_tokens_per_s']:.0f} tok/s {memory} ETA {eta / 60:.1f} min"
-        )
-        if self.tty:
-            width = 20
-            filled = int(width * step / max(self.total, 1))
-            print(f"\r[{'#' * filled}{'.' * (width - filled)}] {line}", end="", file=sys.stderr)
-            return True
-        return host.print_stdout(line)
-
-    def close(self):
-        if self.tty:
-            print(file=sys.stderr)
-
-
 def compile_for_shape(
     trainer: Trainer, state: TrainState, batch, shape: tuple, step: int, writer: MetricsWriter
 ) -> CompiledStep:
@@ -309,6 +204,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
     state, step = run.state, run.start_step
     last_good = run.checkpointer.latest_step()
     window = LogWindow()  # the steps since the last log line
+    checked_writes = 0  # writer.writes when stop_on_a_failed_write last looked
     t_log = time.time()
     metrics: dict[str, Any] = {}
     # read once: neither the host's memory nor this process's malloc settings change
@@ -391,6 +287,9 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 metrics.update({f"eval_{k}": v for k, v in ev.items()})
                 t_log = time.time()  # keep eval time out of tokens/s
 
+            if writer.writes != checked_writes:  # at the same steps on every host
+                checked_writes = writer.writes
+                stop_on_a_failed_write(run, writer)
             if not stop.requested and run.checkpointer.reached_preemption(step):
                 stop.arm_for_save(preemption.signal.SIGTERM)  # all hosts save this step
             final = step == num_steps or stop.requested
@@ -411,6 +310,23 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 break
     run.state = state
     return metrics
+
+
+def stop_on_a_failed_write(run: Run, writer: MetricsWriter) -> None:
+    """Stops every host if the lead's metrics.jsonl write failed (a full disk), each naming the
+    file and the newest complete checkpoint. Every host calls it at the same steps; with several
+    the lead's errno is broadcast, where the lead used to stop alone and leave the others waiting
+    (reporting.MetricsWriter)."""
+    code = 0 if writer.failed is None else writer.failed.errno or errno.EIO
+    if jax.process_count() > 1:
+        code = int(multihost_utils.broadcast_one_to_all(np.int32(code)))
+    if not code:
+        return
+    e = writer.failed or OSError(code, os.strerror(code), writer.path)
+    writer.failed, writer.enabled = None, False  # said here, once
+    if storage.is_disk_full(e):
+        raise run.checkpointer.disk_full_error(e)
+    raise e
 
 
 def _check_lease(run: Run) -> None:

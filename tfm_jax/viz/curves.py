@@ -19,7 +19,7 @@ def save_figure(fig, out: str) -> None:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-    """The records of a run's metrics.jsonl (train/loop.py's MetricsWriter writes them, one JSON
+    """The records of a run's metrics.jsonl (train/reporting.py's MetricsWriter writes them, one JSON
     object a line); `workdir` may also be the metrics.jsonl itself, local or gs://."""
     path = workdir if not storage.isdir(workdir) else storage.join(workdir, "metrics.jsonl")
     if not storage.exists(path):

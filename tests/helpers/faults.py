@@ -1,0 +1,54 @@
+"""What the fault tests share: the CLI in a subprocess, reading its progress, its messages."""
+
+import os
+import subprocess
+import sys
+import time
+
+from helpers import REPO
+from helpers.runs import cli_args, tiny_run_overrides
+
+
+def cli(args, stdout=subprocess.PIPE, **kw):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,
+                            stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
+
+
+def assert_clean_message(err: str, *needles: str) -> None:
+    assert "Traceback" not in err, err[-3000:]
+    assert "Event loop is closed" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in err, (needle, err[-3000:])
+
+
+def wait_for_step(log_path, at_least: int, proc, timeout=300) -> None:
+    """Blocks until the run's progress (stdout, in a file) has passed `at_least` steps."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        lines = [ln for ln in log_path.read_text().splitlines() if ln.startswith("step ")]
+        if lines and int(lines[-1].split()[1].split("/")[0]) >= at_least:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the run never reached step {at_least}: {log_path.read_text()[-2000:]}")
+
+
+def close_stdout_after_step(proc, at_least: int) -> int:
+    """Reads the run's stdout to its first progress line at `at_least` steps or more, then closes
+    it, as a harness that is killed does; returns that line's step."""
+    for line in proc.stdout:
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= at_least:
+            break
+    else:
+        raise AssertionError(f"the run's stdout ended before step {at_least}")
+    proc.stdout.close()
+    proc.stdout = None  # communicate() reads stderr only
+    return int(line.split()[1].split("/")[0])
+
+
+def long_run_args(corpus, **extra):
+    overrides = tiny_run_overrides(corpus, **{
+        "train.num_steps": 100_000, "train.log_every_steps": 2, "train.eval_every_steps": 100_000,
+        "train.checkpoint_every_steps": 1000, **extra})  # fmt: skip
+    return ["train", "--config=configs/small.py", *cli_args(overrides)]

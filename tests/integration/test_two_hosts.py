@@ -1,0 +1,124 @@
+"""Faults on one host of two (`jax.distributed` processes on localhost): every host must stop
+at one step, each having saved it, or the others wait at the next collective until JAX's
+shutdown barrier aborts them all."""
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+from helpers.faults import (
+    assert_clean_message,
+    cli,
+    close_stdout_after_step,
+    long_run_args,
+    wait_for_step,
+)
+from helpers.runs import free_port, killed_on_exit, write_tiny_corpus
+
+from tfm_jax.checkpoint.manager import Checkpointer
+from tfm_jax.train import preemption
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sigterm_on_one_of_two_hosts_stops_both_at_the_same_step(corpus, tmp_path):
+
+    args = long_run_args(corpus, **{"model.dropout": 0.0})
+    port = free_port()
+    logs = [tmp_path / f"stdout{i}.txt" for i in range(2)]
+    files = [open(log, "w") for log in logs]
+    procs = [cli([*args, f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
+                  "--num_processes=2", f"--process_id={i}"], stdout=files[i])  # fmt: skip
+             for i in range(2)]  # fmt: skip
+    try:
+        wait_for_step(logs[0], 6, procs[0])
+        procs[1].send_signal(signal.SIGTERM)  # the scheduler takes host 1
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+        for f in files:
+            f.close()
+    for p, err in zip(procs, errs, strict=True):
+        assert p.returncode == 75, err[-3000:]
+    summary = [json.loads(log.read_text().strip().splitlines()[-1]) for log in logs]
+    assert summary[0]["step"] == summary[1]["step"] and summary[0]["stopped_by"] == "SIGTERM"
+    steps = Checkpointer(tmp_path / "run", every_steps=0, every_secs=0,
+                                    keep=5).all_steps()  # fmt: skip
+    assert steps[-1] == summary[0]["step"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_when_the_leads_stdout_reader_goes_away_both_hosts_stop_at_one_saved_step(corpus, tmp_path):
+    """Two hosts, the lead's stdout read by a harness that goes away: one host cannot stop alone
+    (the other would hang at the save barrier), so the lead has JAX's preemption service pick a
+    step; both save it and stop, the lead saying SIGPIPE (141), host 1 SIGTERM (75). Before,
+    both trained on to the end of their budget with the workdir's lease held."""
+    args = long_run_args(corpus, **{"model.dropout": 0.0})
+    port = free_port()
+    log1 = tmp_path / "stdout1.txt"
+    host = [f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
+            "--num_processes=2"]  # fmt: skip
+    with (
+        open(log1, "w") as out1,
+        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=out1)) as p1,
+        killed_on_exit(cli([*args, *host, "--process_id=0"])) as p0,
+    ):
+        closed_at = close_stdout_after_step(p0, 6)
+        err0 = p0.communicate(timeout=300)[1]
+        err1 = p1.communicate(timeout=300)[1]
+    assert p0.returncode == preemption.EXIT_CODES["SIGPIPE"], err0[-3000:]
+    assert p1.returncode == preemption.EXIT_CODES["SIGTERM"], err1[-3000:]
+    assert_clean_message(err0, "stdout's reader went away (SIGPIPE): stopping every host")
+    assert "BrokenPipe" not in err0, err0[-3000:]
+    stopped = int(err0.split("SIGPIPE: stopped at step ")[1].split()[0])
+    summary1 = json.loads(log1.read_text().strip().splitlines()[-1])
+    assert summary1["stopped_by"] == "SIGTERM" and summary1["step"] == stopped
+    assert closed_at < stopped < 100_000
+    steps = Checkpointer(tmp_path / "run", every_steps=0, every_secs=0, keep=5).all_steps()
+    assert steps[-1] == stopped
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_full_disk_under_the_leads_metrics_stops_both_hosts_naming_one_checkpoint(
+    corpus, tmp_path
+):
+    """Only the lead writes metrics.jsonl. When its disk filled, it stopped alone with the right
+    message, and host 1 waited for it in the next step: both then hung 5 minutes at JAX's
+    shutdown barrier and were aborted (SIGABRT, a C++ trace; host 1 never said why). Now the
+    lead's failure is broadcast at the step it happened and both stop at once, alike."""
+    args = long_run_args(corpus, **{"model.dropout": 0.0, "train.checkpoint_every_steps": 4})
+    port = free_port()
+    workdir = tmp_path / "run"
+    log0 = tmp_path / "stdout0.txt"
+    host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
+            "--num_processes=2"]  # fmt: skip
+    with (
+        open(log0, "w") as out0,
+        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
+        killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=out0)) as p0,
+    ):
+        wait_for_step(log0, 10, p0)
+        metrics = workdir / "metrics.jsonl"
+        os.replace(metrics, tmp_path / "metrics.kept")
+        os.symlink("/dev/full", metrics)  # every write there fails: "No space left on device"
+        errs = [p.communicate(timeout=120)[1] for p in (p0, p1)]  # not 300 s and an abort
+    for p, err in zip((p0, p1), errs, strict=True):
+        assert p.returncode == 1, err[-3000:]
+        assert "Terminating process" not in err, err[-3000:]
+    newest = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()[-1]
+    message = (
+        f"error: no space left on the device writing {metrics} (No space left on device); "
+        f"training stopped. The newest complete checkpoint is still step {newest}. "
+    )
+    for err in errs:
+        assert_clean_message(err, message)
