@@ -5,6 +5,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import REPO
 from helpers.runs import cli_args, tiny_run_overrides
 
@@ -52,3 +54,11 @@ def long_run_args(corpus, **extra):
         "train.num_steps": 100_000, "train.log_every_steps": 2, "train.eval_every_steps": 100_000,
         "train.checkpoint_every_steps": 1000, **extra})  # fmt: skip
     return ["train", "--config=configs/small.py", *cli_args(overrides)]
+
+
+def mount_tmpfs(path, size="2m"):
+    path.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)  # fmt: skip
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a {size} tmpfs to fill (needs root): {p.stderr.strip()}")

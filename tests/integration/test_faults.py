@@ -19,6 +19,7 @@ from helpers.faults import (
     cli,
     close_stdout_after_step,
     long_run_args,
+    mount_tmpfs,
     wait_for_step,
 )
 from helpers.runs import (
@@ -308,32 +309,24 @@ def test_two_trains_on_one_workdir_the_second_refuses_and_a_dead_holder_does_not
     assert time.time() - start < 120  # not the lease's TTL (120 s) plus a run
 
 
-def _mount_tmpfs(path, size="2m"):
-    path.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                       capture_output=True, text=True)  # fmt: skip
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a {size} tmpfs to fill (needs root): {p.stderr.strip()}")
-
-
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_disk_that_fills_during_a_save_stops_with_one_line(corpus, trained, tmp_path):
     disk = tmp_path / "disk"
-    _mount_tmpfs(disk)  # a 2 MB filesystem: the vocabulary and ~3 checkpoints of the tiny model
+    mount_tmpfs(disk)  # a 2 MB filesystem: the vocabulary and ~3 checkpoints of the tiny model
     try:
         workdir = disk / "run"
         p = cli([*long_run_args(corpus, **{"train.checkpoint_every_steps": 4}),
                  f"--workdir={workdir}"])  # fmt: skip
         _, err = p.communicate(timeout=600)
         assert p.returncode == 1, err[-3000:]
-        assert_clean_message(err, "no space left on the device",
-                             "The newest complete checkpoint is still step ",
+        assert_clean_message(err, "The newest complete checkpoint is still step ",
                              "run the same command to resume from step ")  # fmt: skip
         assert "sys.meta_path" not in err and "RESOURCE_EXHAUSTED" not in err
         errors = [ln for ln in python_lines(err) if not ln.startswith(("INFO", "WARNING"))]
-        # Mostly a save finds the disk full; about 1 run in 6 a save takes the last bytes and
-        # the next metrics.jsonl line finds it (the test below makes that case on purpose)
+        # Mostly the check before a save finds it will not fit (checkpoint/room.py). Else a save
+        # finds the disk full, or takes its last bytes and the next metrics.jsonl line finds it
+        # full (the test below makes that case on purpose)
         assert len(errors) == 1, errors
         assert errors[0].startswith(("error: checkpoint ", "error: no space left on the device "
                                      f"writing {workdir / 'metrics.jsonl'} ")), errors  # fmt: skip
@@ -341,8 +334,10 @@ def test_a_disk_that_fills_during_a_save_stops_with_one_line(corpus, trained, tm
         steps = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()
         assert steps[-1] == newest  # no half-written checkpoint listed as the newest
         if errors[0].startswith("error: checkpoint "):
-            assert "could not be saved in" in err and "MB uncompressed" in err, err[-3000:]
             assert newest < int(errors[0].split()[2])
+            assert ("was not started: " in err and "(the size of checkpoint " in err) or (
+                "could not be saved in" in err and "MB uncompressed" in err
+            ), err[-3000:]
         left = [f.name for f in (workdir / "checkpoints").iterdir()]
         assert not [n for n in left if "tmp" in n], left  # the failed save's folder is removed
 

@@ -13,6 +13,7 @@ from helpers.faults import (
     cli,
     close_stdout_after_step,
     long_run_args,
+    mount_tmpfs,
     wait_for_step,
 )
 from helpers.runs import free_port, killed_on_exit, write_tiny_corpus
@@ -122,3 +123,36 @@ def test_a_full_disk_under_the_leads_metrics_stops_both_hosts_naming_one_checkpo
     )
     for err in errs:
         assert_clean_message(err, message)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_disk_too_full_for_the_next_checkpoint_stops_both_hosts_before_it(corpus, tmp_path):
+    """A 2 MB disk and two hosts. A save that found the disk full failed on the lead, which
+    said nothing while host 1 waited at Orbax's commit barrier: both hung for its 20-minute
+    timeout (measured: still there after 10). Now process 0 checks the room before each save
+    and both stop at once, alike, with the newest checkpoint complete."""
+    disk = tmp_path / "disk"
+    mount_tmpfs(disk)  # the vocabulary and ~3 checkpoints of the tiny model
+    try:
+        workdir = disk / "run"
+        args = long_run_args(corpus, **{"model.dropout": 0.0, "train.checkpoint_every_steps": 4})
+        port = free_port()
+        host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
+                "--num_processes=2"]  # fmt: skip
+        with (
+            killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
+            killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=subprocess.DEVNULL)) as p0,
+        ):
+            errs = [p.communicate(timeout=240)[1] for p in (p0, p1)]
+        for p, err in zip((p0, p1), errs, strict=True):
+            assert p.returncode == 1, err[-3000:]
+        errors = [[ln for ln in err.splitlines() if ln.startswith("error: ")] for err in errs]
+        assert errors[0] == errors[1] and len(errors[0]) == 1, errors
+        newest = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()[-1]
+        assert_clean_message(errs[0], f"error: checkpoint {newest + 4} was not started: ",
+                             f"(the size of checkpoint {newest}); training stopped. The newest "
+                             f"complete checkpoint is still step {newest}. ")  # fmt: skip
+        assert not [f for f in (workdir / "checkpoints").iterdir() if "tmp" in f.name]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)

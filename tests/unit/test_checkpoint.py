@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax.checkpoint import averaging, layout, reading
+from tfm_jax.checkpoint import averaging, layout, reading, room
 from tfm_jax.checkpoint import errors as ckpt_errors
 from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.platform import storage
@@ -338,3 +338,48 @@ def test_load_params_errors_say_what_exists(tmp_path):
         reading.load_params(tmp_path, "9", abstract)
     with pytest.raises(ValueError, match="'averaged', 'latest' or a step number"):
         reading.load_params(tmp_path, "best", abstract)
+
+
+def test_a_save_that_will_not_fit_is_not_started(tmp_path, monkeypatch):
+    """Checked before any host writes (checkpoint/room.py): a save that found the disk full left
+    the other hosts waiting at Orbax's commit barrier for 20 minutes."""
+    state = _make_state(1, step=1)
+    free = {"bytes": 10**12}
+    monkeypatch.setattr(storage, "free_bytes", lambda p: free["bytes"])
+    with _ckpt(tmp_path, async_save=False) as ckpt:
+        assert ckpt.maybe_save(1, state, DATA_STATE, CONFIG_JSON, force=True)
+        size = room.bytes_on_disk(tmp_path / "checkpoints" / "1")
+        assert size > 0
+        free["bytes"] = size  # room for exactly one more of the same size
+        assert ckpt.maybe_save(2, state, DATA_STATE, CONFIG_JSON, force=True)
+        need = room.bytes_on_disk(tmp_path / "checkpoints" / "2")  # the newest's, now
+        free["bytes"] = need - 1
+        with pytest.raises(ckpt_errors.CheckpointSaveError) as short:
+            ckpt.maybe_save(3, state, DATA_STATE, CONFIG_JSON, force=True)
+        assert ckpt.all_steps() == [1, 2]
+    assert str(short.value) == (
+        f"checkpoint 3 was not started: {room._mb(need - 1)} are free in "
+        f"{tmp_path / 'checkpoints'} and it needs about {room._mb(need)} (the size of "
+        "checkpoint 2); training stopped. The newest complete checkpoint is still step 2. Free "
+        "space on that filesystem (or move the workdir), then run the same command to resume "
+        "from step 2"
+    )
+
+
+def test_a_first_save_is_estimated_from_the_state(tmp_path, monkeypatch):
+    state = _make_state(1, step=1)
+    state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
+    monkeypatch.setattr(storage, "free_bytes", lambda p: int(0.8 * state_bytes) - 1)
+    with _ckpt(tmp_path, async_save=False) as ckpt:
+        with pytest.raises(ckpt_errors.CheckpointSaveError, match="the train state's") as short:
+            ckpt.maybe_save(1, state, DATA_STATE, CONFIG_JSON, force=True)
+        assert ckpt.all_steps() == []
+    assert "No complete checkpoint was saved before it" in str(short.value)
+    monkeypatch.setattr(storage, "free_bytes", lambda p: int(0.8 * state_bytes) + 1)
+    with _ckpt(tmp_path, async_save=False) as ckpt:
+        assert ckpt.maybe_save(1, state, DATA_STATE, CONFIG_JSON, force=True)
+
+
+def test_object_storage_has_no_free_space_to_check(monkeypatch):
+    monkeypatch.setattr(storage, "free_bytes", lambda p: 0)
+    assert room.shortfall("gs://bucket/run/checkpoints", 1, None, _make_state(0)) is None

@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax.checkpoint import debris, layout, reading
+from tfm_jax.checkpoint import debris, layout, reading, room
 from tfm_jax.checkpoint.errors import (
     CheckpointRestoreError,
     CheckpointSaveError,
@@ -237,6 +237,10 @@ class Checkpointer:
         if self._failure is not None:
             raise self._failure
         self.wait()  # the previous save's error, if any, is that save's (Orbax would raise it here)
+        short = room.shortfall(self.directory, step, self._committed, state)
+        if short:  # on every host alike, before any of them writes
+            self._failure = CheckpointSaveError(short + _resume_text(self._committed, full=True))
+            raise self._failure
         self._state_bytes = sum(
             sum(shard.data.nbytes for shard in x.addressable_shards)
             if isinstance(x, jax.Array)

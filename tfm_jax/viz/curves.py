@@ -19,8 +19,8 @@ def save_figure(fig, out: str) -> None:
 
 
 def read_metrics(workdir: str) -> list[dict]:
-    """The records of a run's metrics.jsonl (train/reporting.py's MetricsWriter writes them, one JSON
-    object a line); `workdir` may also be the metrics.jsonl itself, local or gs://."""
+    """The records of a run's metrics.jsonl (train/reporting.py's MetricsWriter writes them,
+    one JSON object a line); `workdir` may also be the metrics.jsonl itself, local or gs://."""
     path = workdir if not storage.isdir(workdir) else storage.join(workdir, "metrics.jsonl")
     if not storage.exists(path):
         raise FileNotFoundError(f"{path} does not exist: train first (python -m tfm_jax train)")
