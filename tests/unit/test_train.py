@@ -1,10 +1,14 @@
-"""The sharded train step: 8 simulated devices == 1 device, no recompiles, a tiny model learns."""
+"""The sharded train step: 8 simulated devices == 1 device, no recompiles, a tiny model learns;
+and what the loop reports (reporting.py)."""
+
+import errno
 
 import jax
 import numpy as np
 import pytest
 
 from tfm_jax.model import sharding
+from tfm_jax.train.reporting import MetricsWriter
 from tfm_jax.train.trainer import make_trainer
 
 
@@ -82,3 +86,18 @@ def test_trainer_schedule_is_the_learning_rate_applied(tiny_cfg):
     lr = float(trainer.schedule(0))
     assert lr == pytest.approx(cfg.optim.d_model**-0.5 * cfg.optim.warmup_steps**-1.5, rel=1e-6)
     assert step == pytest.approx(lr, rel=1e-3)
+
+
+def test_a_failed_metrics_write_is_kept_for_the_loop_not_raised(tmp_path):
+    """With several hosts only the lead writes; its failure must wait for the point where every
+    host asks (loop.stop_on_a_failed_write), counted by `writes` alike on every host."""
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    lead, other = MetricsWriter(str(tmp_path), enabled=True), MetricsWriter("x", enabled=False)
+    for w in (lead, other):
+        w.write(2, "train", {"loss": 1.0})
+        w.write(4, "train", {"loss": 0.5})
+    assert lead.writes == other.writes == 2
+    assert lead.failed.errno == errno.ENOSPC
+    assert lead.failed.filename == str(tmp_path / "metrics.jsonl")
+    assert other.failed is None
+    lead.close()  # no raise: the loop says it

@@ -45,7 +45,7 @@ def _estimate(directory, newest: int | None, state) -> tuple[int, int]:
 
 
 def _state_bytes(state) -> int:
-    return sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(state))
+    return sum(np.asarray(x).nbytes if np.isscalar(x) else x.nbytes for x in jax.tree.leaves(state))
 
 
 def _mb(n: float) -> str:

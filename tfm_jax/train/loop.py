@@ -309,6 +309,8 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 log.info("%s: saved step %d; stopping", stop.name, step)
                 break
     run.state = state
+    if writer.failed is not None:  # the flush on the way out, after the last check: ours to say
+        raise writer.failed
     return metrics
 
 
