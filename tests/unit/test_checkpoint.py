@@ -348,11 +348,11 @@ def test_a_save_that_will_not_fit_is_not_started(tmp_path, monkeypatch):
     monkeypatch.setattr(storage, "free_bytes", lambda p: free["bytes"])
     with _ckpt(tmp_path, async_save=False) as ckpt:
         assert ckpt.maybe_save(1, state, DATA_STATE, CONFIG_JSON, force=True)
-        size = room.bytes_on_disk(tmp_path / "checkpoints" / "1")
+        size = storage.bytes_on_disk(tmp_path / "checkpoints" / "1")
         assert size > 0
         free["bytes"] = size  # room for exactly one more of the same size
         assert ckpt.maybe_save(2, state, DATA_STATE, CONFIG_JSON, force=True)
-        need = room.bytes_on_disk(tmp_path / "checkpoints" / "2")  # the newest's, now
+        need = storage.bytes_on_disk(tmp_path / "checkpoints" / "2")  # the newest's, now
         free["bytes"] = need - 1
         with pytest.raises(ckpt_errors.CheckpointSaveError) as short:
             ckpt.maybe_save(3, state, DATA_STATE, CONFIG_JSON, force=True)

@@ -12,8 +12,6 @@ A save that fills the disk anyway (other writers, a larger checkpoint) fails as 
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
@@ -23,22 +21,10 @@ from tfm_jax.platform import storage
 FIRST_SAVE_FRACTION = 0.8  # of the train state's bytes: a lower bound on a first checkpoint
 
 
-def bytes_on_disk(folder: str | os.PathLike) -> int:
-    """The space the files below `folder` take (allocated blocks, as `du` counts them)."""
-    total = 0
-    for parent, _, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(parent, name)).st_blocks * 512
-            except FileNotFoundError:  # deleted while walking (an old step being removed)
-                pass
-    return total
-
-
 def _estimate(directory, newest: int | None, state) -> tuple[int, int]:
     """Bytes the next checkpoint needs, and on what basis: 1 the newest's size, 2 the state's."""
     if newest is not None:
-        size = bytes_on_disk(os.path.join(os.fspath(directory), str(newest)))
+        size = storage.bytes_on_disk(storage.join(directory, str(newest)))
         if size:
             return size, 1
     return int(FIRST_SAVE_FRACTION * _state_bytes(state)), 2

@@ -202,6 +202,18 @@ def is_disk_full(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+def bytes_on_disk(folder: str | os.PathLike) -> int:
+    """The space the files below a local `folder` take (allocated blocks, as `du` counts them)."""
+    total = 0
+    for parent, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+            except FileNotFoundError:  # deleted while walking (an old step being removed)
+                pass
+    return total
+
+
 def free_bytes(p: str | os.PathLike) -> int | None:
     """Free bytes on the local filesystem holding `p` (or its nearest existing parent); None for
     object storage, which has no such number."""
