@@ -109,9 +109,9 @@ def test_a_full_disk_under_the_leads_metrics_stops_both_hosts_naming_one_checkpo
         killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=out0)) as p0,
     ):
         wait_for_step(log0, 10, p0)
-        metrics = workdir / "metrics.jsonl"
-        os.replace(metrics, tmp_path / "metrics.kept")
-        os.symlink("/dev/full", metrics)  # every write there fails: "No space left on device"
+        metrics, full = workdir / "metrics.jsonl", tmp_path / "full"
+        os.symlink("/dev/full", full)  # every write there fails: "No space left on device"
+        os.replace(full, metrics)  # at once: no moment where an append makes a new file
         errs = [p.communicate(timeout=120)[1] for p in (p0, p1)]  # not 300 s and an abort
     for p, err in zip((p0, p1), errs, strict=True):
         assert p.returncode == 1, err[-3000:]
@@ -150,9 +150,16 @@ def test_a_disk_too_full_for_the_next_checkpoint_stops_both_hosts_before_it(corp
         errors = [[ln for ln in err.splitlines() if ln.startswith("error: ")] for err in errs]
         assert errors[0] == errors[1] and len(errors[0]) == 1, errors
         newest = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()[-1]
-        assert_clean_message(errs[0], f"error: checkpoint {newest + 4} was not started: ",
-                             f"(the size of checkpoint {newest}); training stopped. The newest "
-                             f"complete checkpoint is still step {newest}. ")  # fmt: skip
+        assert_clean_message(errs[0], "training stopped. The newest complete checkpoint is "
+                             f"still step {newest}. ")  # fmt: skip
+        # Mostly the check refuses the next save. Where a save fits to the last page, the next
+        # metrics.jsonl line finds the disk full instead: the other agreed stop (test above)
+        line = errors[0][0]
+        if line.startswith("error: no space left on the device writing "):
+            assert line.startswith(f"error: no space left on the device writing {workdir}/")
+        else:
+            assert line.startswith(f"error: checkpoint {newest + 4} was not started: ")
+            assert f"(the size of checkpoint {newest})" in line
         assert not [f for f in (workdir / "checkpoints").iterdir() if "tmp" in f.name]
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
