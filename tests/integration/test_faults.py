@@ -39,7 +39,7 @@ from tfm_jax.config import paths, validate
 from tfm_jax.config.build import load_config_module
 from tfm_jax.config.defaults import default_config
 from tfm_jax.platform import storage
-from tfm_jax.train import loop, preemption
+from tfm_jax.train import loop, preemption, reporting
 from tfm_jax.train.trainer import make_trainer
 
 
@@ -377,6 +377,39 @@ def test_a_disk_that_fills_under_the_metrics_stops_naming_the_newest_checkpoint(
     )
     assert Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps() == [4]
     assert not (workdir / "train.lease").exists()  # released on the way out
+
+
+def test_a_last_metrics_flush_that_finds_the_disk_full_stops_the_same_way(
+    corpus, tmp_path, monkeypatch
+):
+    """On a gs:// workdir metrics.jsonl is written at each save, so the last step's lines go
+    out after the loop's last check; their failure is said after the loop, the same way."""
+    workdir = tmp_path / "run"
+    append, init = storage.append_lines, reporting.MetricsWriter.__init__
+
+    def full_at_step_12(p, lines):
+        if str(p).endswith("metrics.jsonl") and any(ln.startswith('{"step": 12,') for ln in lines):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(p))
+        append(p, lines)
+
+    def kept_as_on_gcs(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._remote, self._flush_secs = True, float("inf")  # lines wait for a save, as on gs://
+
+    monkeypatch.setattr(storage, "append_lines", full_at_step_12)
+    monkeypatch.setattr(reporting.MetricsWriter, "__init__", kept_as_on_gcs)
+    cfg = tiny_run_config(corpus, **{"train.num_steps": 12, "train.log_every_steps": 2,
+                                     "train.checkpoint_every_steps": 4})  # fmt: skip
+    with pytest.raises(CheckpointSaveError) as stopped:
+        loop.train_and_evaluate(cfg, str(workdir))
+    assert str(stopped.value).startswith(
+        f"no space left on the device writing {workdir / 'metrics.jsonl'} (No space left on "
+        "device); training stopped. The newest complete checkpoint is still step 12."
+    )
+    assert Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()[-1] == 12
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    assert max(json.loads(ln)["step"] for ln in lines) == 8  # flushed at the save of step 8
+    assert not (workdir / "train.lease").exists()
 
 
 def _damage(workdir, step):

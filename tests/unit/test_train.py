@@ -2,6 +2,7 @@
 and what the loop reports (reporting.py)."""
 
 import errno
+import types
 
 import jax
 import numpy as np
@@ -101,3 +102,20 @@ def test_a_failed_metrics_write_is_kept_for_the_loop_not_raised(tmp_path):
     assert lead.failed.filename == str(tmp_path / "metrics.jsonl")
     assert other.failed is None
     lead.close()  # no raise: the loop says it
+
+
+def test_nothing_is_written_after_a_failed_metrics_write(tmp_path):
+    """Once metrics.jsonl failed, TensorBoard's event files (same disk) get nothing either."""
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    lead = MetricsWriter(str(tmp_path), enabled=True)
+    scalars = []
+    lead._tb = types.SimpleNamespace(  # a recorder in TensorBoard's place
+        add_scalar=lambda tag, v, step: scalars.append((tag, step)),
+        flush=lambda: None, close=lambda: None,
+    )  # fmt: skip
+    lead.write(2, "train", {"loss": 1.0})  # fails; its own scalar is already on its way
+    lead.write(4, "train", {"loss": 0.5})
+    lead.close()
+    assert lead.failed.errno == errno.ENOSPC
+    assert scalars == [("train/loss", 2)]
+    assert lead.writes == 2 and lead._pending == []

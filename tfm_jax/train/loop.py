@@ -21,7 +21,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from tfm_jax import data, platform
-from tfm_jax.checkpoint.errors import CheckpointSaveError
 from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.config import paths
 from tfm_jax.model import losses, sharding
@@ -309,8 +308,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
                 log.info("%s: saved step %d; stopping", stop.name, step)
                 break
     run.state = state
-    if writer.failed is not None:  # the flush on the way out, after the last check: ours to say
-        raise writer.failed
+    stop_on_a_failed_write(run, writer)  # the flush on the way out came after the last check
     return metrics
 
 
@@ -356,9 +354,5 @@ def train_and_evaluate(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str
         run.lease = held
         try:
             return train_loop(run)
-        except OSError as e:  # the disk filled under metrics.jsonl, not a save: say what is kept
-            if storage.is_disk_full(e) and not isinstance(e, CheckpointSaveError):
-                raise run.checkpointer.disk_full_error(e) from None
-            raise
         finally:
             run.checkpointer.close()

@@ -83,7 +83,7 @@ class MetricsWriter:
 
     def write(self, step: int, kind: str, values: dict[str, float]):
         self.writes += 1
-        if not self.enabled:
+        if not self.enabled or self.failed is not None:  # nothing after a failure, TensorBoard too
             return
         self._pending.append(json.dumps({"step": step, "kind": kind, **values}))
         if not self._remote or time.time() - self._flushed > self._flush_secs:
