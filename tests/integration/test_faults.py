@@ -28,7 +28,6 @@ from helpers.runs import (
     python_lines,
     tiny_run_config,
     tiny_run_overrides,
-    write_tiny_corpus,
 )
 
 from tfm_jax.checkpoint import reading
@@ -41,11 +40,6 @@ from tfm_jax.config.defaults import default_config
 from tfm_jax.platform import storage
 from tfm_jax.train import loop, preemption, reporting
 from tfm_jax.train.trainer import make_trainer
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")

@@ -53,11 +53,6 @@ def gcs(tmp_path_factory):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
-
-
 def cli(args, gcs, stdout=subprocess.PIPE, scratch=None):
     env = dict(os.environ, **gcs.env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
     env.pop("XLA_FLAGS", None)

@@ -16,17 +16,12 @@ import jax
 import numpy as np
 import pytest
 from helpers import REPO
-from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides
 
 from tfm_jax.checkpoint import reading
 from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.train import loop
 from tfm_jax.train.trainer import make_trainer
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def cli(args, **kw):

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 import pytest
 from helpers import REPO
-from helpers.runs import cli_args, tiny_run_config, tiny_run_overrides, write_tiny_corpus
+from helpers.runs import cli_args, tiny_run_config, tiny_run_overrides
 from helpers.slurm import LocalSlurm, SlurmUnavailable
 
 from tfm_jax.checkpoint import reading
@@ -44,11 +44,6 @@ def slurm(tmp_path_factory):
         pytest.skip(f"SLURM cannot start here: {e}")
     yield cluster
     cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def submit(slurm, workdir, output, corpus) -> str:

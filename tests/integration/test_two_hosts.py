@@ -16,15 +16,10 @@ from helpers.faults import (
     mount_tmpfs,
     wait_for_step,
 )
-from helpers.runs import free_port, killed_on_exit, write_tiny_corpus
+from helpers.runs import free_port, killed_on_exit
 
 from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.train import preemption
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.mark.multiprocess
