@@ -15,6 +15,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from helpers import tiny_config  # noqa: E402
+from tfm_jax.checkpoint import room  # noqa: E402
 from tfm_jax.model import scoring, sharding  # noqa: E402
 from tfm_jax.train import trainer as train  # noqa: E402
 
@@ -38,7 +39,7 @@ def run(mesh, cfg, steps=3):
         state, metrics = trainer.train_step(state, sharding.global_batch(batch(i), mesh))
         losses.append(float(metrics["loss"]) / float(metrics["tokens"]))
     params = jax.tree.map(np.asarray, state.params)
-    return losses, params, trainer
+    return losses, params, trainer, room.state_bytes(state)
 
 
 def main():
@@ -54,8 +55,8 @@ def main():
                              "model.scan_layers": scan})  # fmt: skip
         one = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
         eight = sharding.make_mesh(8 // model_axis, model_axis)
-        l1, p1, _ = run(one, cfg)
-        l8, p8, trainer = run(eight, cfg)
+        l1, p1, _, bytes_1 = run(one, cfg)
+        l8, p8, trainer, bytes_8 = run(eight, cfg)
         # elementwise np.allclose(p8, p1, rtol=1e-5, atol=1e-5): worst excess over the bound.
         # atol: Adam divides by sqrt(v) + 1e-9, so a weight whose gradient is ~0 moves by up to
         # lr either way when the sum order changes; each step moves weights by ~lr = 1e-2 here,
@@ -77,6 +78,8 @@ def main():
             "loss_8": l8,
             "param_allclose_excess": excess,
             "cache_size": trainer.train_step_fn._cache_size(),
+            "state_bytes_1": bytes_1,  # what a checkpoint of it holds (room.py, its messages)
+            "state_bytes_8": bytes_8,
         }
     print(json.dumps(results))
 

@@ -38,6 +38,8 @@ def test_eight_devices_match_one_device():
     for name, r in results.items():  # data-parallel 8x1 and data x model 4x2 (f32 and bf16)
         assert r["cache_size"] == 1, f"{name}: the step compiled {r['cache_size']} times"
         assert r["abstract_params_match"], f"{name}: scoring.abstract_params != the trainer's"
+        # a replicated array counted once, not once per device
+        assert r["state_bytes_8"] == r["state_bytes_1"] > 0, (name, r)
         if name.startswith("bf16"):  # bf16 rounding of differently ordered f32 sums
             np.testing.assert_allclose(r["loss_8"], r["loss_1"], rtol=1e-2, err_msg=name)
             continue

@@ -176,7 +176,7 @@ class Checkpointer:
         )
         self._committed = self._mngr.latest_step()  # newest checkpoint known to be on disk
         self._pending: int | None = None  # the step of a save still being written
-        self._state_bytes = 0  # this process's share of the last state saved, uncompressed
+        self._state_bytes = 0  # the last state saved, uncompressed, all hosts' shards once
         self._failure: CheckpointSaveError | None = None
 
     # -- queries
@@ -241,12 +241,7 @@ class Checkpointer:
         if short:  # on every host alike, before any of them writes
             self._failure = CheckpointSaveError(short + _resume_text(self._committed, full=True))
             raise self._failure
-        self._state_bytes = sum(
-            sum(shard.data.nbytes for shard in x.addressable_shards)
-            if isinstance(x, jax.Array)
-            else np.asarray(x).nbytes
-            for x in jax.tree.leaves(state)
-        )
+        self._state_bytes = room.state_bytes(state)
         debris.install()  # an async save's threads print a failure before wait() reports it
         with self._saving(step):
             saved = self._mngr.save(

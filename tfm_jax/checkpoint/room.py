@@ -27,10 +27,12 @@ def _estimate(directory, newest: int | None, state) -> tuple[int, int]:
         size = storage.bytes_on_disk(storage.join(directory, str(newest)))
         if size:
             return size, 1
-    return int(FIRST_SAVE_FRACTION * _state_bytes(state)), 2
+    return int(FIRST_SAVE_FRACTION * state_bytes(state)), 2
 
 
-def _state_bytes(state) -> int:
+def state_bytes(state) -> int:
+    """The state's bytes as a checkpoint holds them: each array once, at its global shape
+    (not its addressable shards, which count a replicated array once per local device)."""
     return sum(np.asarray(x).nbytes if np.isscalar(x) else x.nbytes for x in jax.tree.leaves(state))
 
 
@@ -58,7 +60,7 @@ def shortfall(directory, step: int, newest: int | None, state) -> str | None:
     basis = (
         f"the size of checkpoint {newest}"
         if numbers[0] == 1
-        else f"{FIRST_SAVE_FRACTION:.0%} of the train state's {_mb(_state_bytes(state))}"
+        else f"{FIRST_SAVE_FRACTION:.0%} of the train state's {_mb(state_bytes(state))}"
     )
     return (
         f"checkpoint {step} was not started: {_mb(free)} are free in {directory} and it needs "
