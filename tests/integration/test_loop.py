@@ -293,8 +293,7 @@ def test_prepare_then_train_does_not_tokenize_the_training_split_again(
         def fail(*a, **k):
             raise AssertionError("train tokenized the training split again")
 
-        monkeypatch.setattr(token_cache, "encode_chunk", fail)
-        monkeypatch.setattr(token_cache, "open_split", fail)
+        monkeypatch.setattr(token_cache, "encode_split", fail)
         assert main(["train", "--config=configs/small.py", f"--workdir={workdir}", *args]) == 0
         # A resume (two more steps from the saved checkpoint) maps the same cache too.
         more = cli_args(tiny_run_overrides(corpus, **{"train.num_steps": 4}))

@@ -4,6 +4,7 @@ shutdown barrier aborts them all."""
 
 import json
 import os
+import resource
 import signal
 import subprocess
 
@@ -158,3 +159,45 @@ def test_a_disk_too_full_for_the_next_checkpoint_stops_both_hosts_before_it(corp
         assert not [f for f in (workdir / "checkpoints").iterdir() if "tmp" in f.name]
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _files_up_to(limit: int, proc) -> None:
+    """`proc`'s files can no longer grow past `limit` bytes (EFBIG: Python ignores SIGXFSZ): an
+    I/O error on one host that no check beforehand can see. Set from outside just after the
+    start, long before the process writes anything of that size."""
+    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_lead_that_cannot_write_the_token_cache_stops_both_hosts(corpus, tmp_path):
+    """Process 0 builds the token cache and the others poll for its files. It failed (here its
+    files may not pass 100 KB) with a traceback, and host 1 kept polling: both were aborted by
+    JAX's shutdown barrier at 308 s, rc -6, host 1 never saying why (its own timeout is 30 min).
+    Now process 0 says what failed in one line and tells host 1 through the job's key-value
+    store (platform/notices.py), which stops at once with process 0's reason."""
+    args = long_run_args(corpus, **{"model.dropout": 0.0})
+    workdir = tmp_path / "run"
+    host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
+            "--num_processes=2"]  # fmt: skip
+    with (
+        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
+        killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=subprocess.DEVNULL)) as p0,
+    ):
+        _files_up_to(100_000, p0)
+        errs = [p.communicate(timeout=120)[1] for p in (p0, p1)]  # not 308 s and an abort
+    for p, err in zip((p0, p1), errs, strict=True):
+        assert p.returncode == 1, err[-3000:]
+        assert "Terminating process" not in err, err[-3000:]
+    assert not list((workdir / "vocab" / "tokens").iterdir())  # the failed build's temp dir too
+    lines = [[ln for ln in err.splitlines() if ln.startswith("error: ")] for err in errs]
+    assert len(lines[0]) == len(lines[1]) == 1, lines
+    cache = lines[0][0].split("could not write the token cache ")[1].split(" ")[0]
+    assert cache.startswith(f"{workdir}/vocab/tokens/train-"), lines
+    said = (
+        f"could not write the token cache {cache} (File too large). Make room there, or set "
+        'data.token_cache_dir to another folder ("": no cache, each host tokenizes in memory)'
+    )
+    assert lines[0] == [f"error: {said}"]
+    assert lines[1] == [f"error: process 1 stopped because process 0 failed: {said}"]
+    assert_clean_message(errs[0] + errs[1])

@@ -1,5 +1,6 @@
 """Tests for tfm_jax/data/token_cache.py: the training split tokenized once, memory-mapped after."""
 
+import errno
 import json
 import logging
 import os
@@ -13,9 +14,10 @@ from helpers import data_config
 from helpers.runs import write_tiny_corpus
 
 from tfm_jax import data
-from tfm_jax.data import DataError, token_cache
+from tfm_jax.data import DataError, token_cache, tokenized
 from tfm_jax.data.tokenized import tokenize_split
 from tfm_jax.data.tokenizer import Tokenizer
+from tfm_jax.platform import notices
 
 ARRAYS = token_cache.ARRAYS
 
@@ -55,8 +57,7 @@ def _no_tokenizing(monkeypatch):
         pytest.fail("tokenized again")
 
     monkeypatch.setattr(Tokenizer, "encode_batch", fail)
-    monkeypatch.setattr(token_cache, "open_split", fail)
-    monkeypatch.setattr(token_cache, "encode_chunk", fail)
+    monkeypatch.setattr(token_cache, "encode_split", fail)
 
 
 def test_config_key_defaults_to_beside_the_vocabulary(vocab, tmp_path):
@@ -89,11 +90,11 @@ def test_cached_equals_uncached_and_second_call_maps(setup, monkeypatch, overlon
 
 def test_parallel_build_equals_serial(setup, monkeypatch):
     cfg, tok = setup
-    monkeypatch.setattr(token_cache, "_POOL_MIN_PAIRS", 0)  # workers even for 1500 pairs
+    monkeypatch.setattr(tokenized, "_POOL_MIN_PAIRS", 0)  # workers even for 1500 pairs
     cfg.max_len = 20  # some pairs dropped, so pair_index has gaps
     want = tokenize_split(cfg, tok, "train", "drop")
     assert len(want) < 1500
-    chunks = token_cache.encode_split(cfg, tok, "train", "drop", num_workers=2)
+    chunks = tokenized.encode_split(cfg, tok, "train", "drop", num_workers=2)
     assert len(chunks) > 2  # several chunks, spread over two processes
     got = token_cache.cached_tokenize_split(cfg, tok, "train", "drop", num_workers=2)
     _assert_same(got, want)
@@ -199,6 +200,64 @@ def test_other_processes_wait_for_process_0(setup):
         token_cache.cached_tokenize_split(
             cfg, tok, "train", "drop", process_index=1, wait_timeout_s=0.1, poll_s=0.02
         )
+
+
+class _KeyValueStore(dict):
+    """The coordination service's key-value store as platform.notices uses it."""
+
+    def key_value_set(self, key, value):
+        if key in self:
+            raise RuntimeError(f"ALREADY_EXISTS: {key}")
+        self[key] = value
+
+    def key_value_try_get(self, key):
+        if key not in self:
+            raise RuntimeError(f"NOT_FOUND: {key}")
+        return self[key]
+
+
+def test_a_failed_build_on_process_0_stops_the_waiting_processes_with_its_error(setup, monkeypatch):
+    """Process 0 fails writing the cache (here a file-size limit): process 1 used to poll for
+    the files for its 30-minute timeout; the job's key-value store now tells it at once."""
+    cfg, tok = setup
+    store = _KeyValueStore()
+    monkeypatch.setattr(notices, "_client", lambda: store)
+
+    def too_large(*args, **kwargs):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), "/cache/src_ids.npy")
+
+    monkeypatch.setattr(token_cache, "build_cache", too_large)
+    got = {}
+
+    def host_1():
+        try:
+            token_cache.cached_tokenize_split(
+                cfg, tok, "train", "drop", process_index=1, wait_timeout_s=60, poll_s=0.02
+            )
+        except DataError as e:
+            got[1] = e
+
+    waiter = threading.Thread(target=host_1)
+    waiter.start()
+    time.sleep(0.2)
+    assert waiter.is_alive()  # waiting: nothing is built, nothing told
+    with pytest.raises(DataError) as failed:
+        token_cache.cached_tokenize_split(cfg, tok, "train", "drop", process_index=0)
+    start = time.monotonic()
+    waiter.join(60)
+    assert time.monotonic() - start < 5 and not waiter.is_alive()
+    (name,) = [k.rsplit("/", 1)[1] for k in store]
+    final = os.path.join(cfg.token_cache_dir, name)
+    assert str(failed.value) == (
+        f"could not write the token cache {final} (File too large). Make room there, or set "
+        'data.token_cache_dir to another folder ("": no cache, each host tokenizes in memory)'
+    )
+    assert str(got[1]) == f"process 1 stopped because process 0 failed: {failed.value}"
+
+
+def test_notices_without_a_job_tell_no_one():
+    assert notices.tell("x", "y") is False  # one process: no coordination service
+    assert notices.heard("x") is None
 
 
 def test_train_iterator_uses_the_cache_and_matches_cache_off(setup, tmp_path, monkeypatch):

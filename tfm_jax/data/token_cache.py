@@ -22,8 +22,9 @@ the page cache it cut the batches/s from 291 to 22, one 4 KiB disk read per pair
 Writes are atomic: a build goes into `<name>.tmp-<host>-<pid>/` beside its final place, is
 fsynced, then renamed; readers only open a directory whose meta.json matches, so a killed build
 leaves a temp directory that is ignored (and removed by the next build once its process is gone).
-Only process 0 builds; other processes poll for a matching meta.json, so all hosts must see the
-same folder: a shared filesystem, or a bucket (a gs:// root is built locally and published there,
+Only process 0 builds; other processes poll for a matching meta.json (and for process 0's
+error, left in the job's key-value store: platform/notices.py), so all hosts must see the same
+folder: a shared filesystem, or a bucket (a gs:// root is built locally and published there,
 and each host maps its own local copy: cache_mirror.py). Workers start by forkserver, not fork (the
 trainer holds JAX's threads), so they import the main script: guard a script's entry point with
 `if __name__ == "__main__":`. Evaluation splits are small and stay in memory (batching.py).
@@ -31,19 +32,13 @@ trainer holds JAX's threads), so they import the main script: guard a script's e
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
-import functools
 import hashlib
 import json
 import logging
-import math
-import multiprocessing
 import os
 import re
 import shutil
 import socket
-import sys
 import time
 
 import ml_collections
@@ -51,11 +46,10 @@ import numpy as np
 
 from tfm_jax.config import paths
 from tfm_jax.data import cache_mirror
-from tfm_jax.data.sources import DataError, open_split, source_identity
+from tfm_jax.data.sources import DataError, source_identity
 from tfm_jax.data.tokenized import (
-    EncodedChunk,
     TokenizedSplit,
-    encode_chunk,
+    encode_split,
     offsets_of,
     report_overlong,
     summarize_chunks,
@@ -63,16 +57,15 @@ from tfm_jax.data.tokenized import (
     tokens_kept,
 )
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.platform import storage
+from tfm_jax.platform import notices, storage
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1  # bump when the files' layout or meaning changes
 ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "pair_index")
 _DTYPES = {"src_ids": np.int32, "tgt_ids": np.int32}  # the rest are int64
+_NOTICE = "token_cache_failed/"  # + the cache's name: process 0's error, for the others
 WAIT_TIMEOUT_S = 1800.0  # how long process k > 0 waits for process 0's build
-_CHUNK_PAIRS = (256, 20_000)  # bounds on the pairs one worker task encodes
-_POOL_MIN_PAIRS = 50_000  # fewer encode in ~2 s in-process, about what starting workers costs
 _STALE_S = 24 * 3600  # another host's temp dir is left alone this long
 
 
@@ -145,78 +138,6 @@ def read_cache(path: str, key: dict) -> tuple[TokenizedSplit | None, dict | None
     if not ok:
         return None, None, "the arrays do not match meta.json's counts (a damaged cache)"
     return TokenizedSplit(**arrays), meta, ""
-
-
-# ----------------------------------------------------------------------------- encoding
-
-
-@functools.lru_cache(maxsize=4)
-def _worker_tokenizer(path: str | None, proto: bytes | None, digest: str) -> Tokenizer:
-    """The tokenizer a worker process encodes with, loaded once a worker (a memo of its
-    arguments: the vocabulary's content hash is part of the key)."""
-    tok = Tokenizer.load(path) if path else Tokenizer(proto)
-    if tok.content_hash != digest:
-        raise DataError(
-            f"{path}: the vocabulary file changed while the split was being tokenized; "
-            "start again (it is never rewritten in place unless by hand)."
-        )
-    return tok
-
-
-def _encode_in_worker(
-    model: tuple[str | None, bytes | None, str], src: list[str], tgt: list[str], keep, overlong
-) -> EncodedChunk:
-    return encode_chunk(_worker_tokenizer(*model), src, tgt, keep, overlong)
-
-
-def encode_split(
-    cfg: ml_collections.ConfigDict,
-    tokenizer: Tokenizer,
-    split: str,
-    overlong: str,
-    num_workers: int,
-) -> list[EncodedChunk]:
-    """The split's chunks encoded in order: in `num_workers` processes when that is > 1 and the
-    split is large enough to repay starting them.
-
-    Each worker loads the sentencepiece model from its file (the proto when it has none) and
-    encodes with one thread; at most 2 chunks per worker are in flight, so the text is not
-    all queued at once.
-    """
-    keep = tokens_kept(cfg, overlong)
-    pairs = open_split(cfg, split)
-    workers = 1 if len(pairs) < _POOL_MIN_PAIRS else max(1, min(num_workers, os.cpu_count() or 1))
-    size = min(_CHUNK_PAIRS[1], max(_CHUNK_PAIRS[0], math.ceil(len(pairs) / (4 * workers))))
-    workers = max(1, min(workers, math.ceil(len(pairs) / size)))
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if workers > 1 and main_file and not os.path.isfile(main_file):
-        log.warning("tokenizing in this process: workers cannot import __main__ (%s)", main_file)
-        workers = 1  # `python - < script`: forkserver's workers would fail to import "<stdin>"
-    log.info(
-        "tokenizing %r: %d pairs, %d process(es), chunks of %d", split, len(pairs), workers, size
-    )
-    if workers == 1:
-        return [encode_chunk(tokenizer, s, t, keep, overlong) for s, t in pairs.iter_chunks(size)]
-    proto = None if tokenizer.path else tokenizer.model_proto  # workers load the file if any
-    model = (tokenizer.path, proto, tokenizer.content_hash)
-    # Not "fork": the parent may hold JAX's threads. forkserver forks workers from a clean server.
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-    chunks, pending = [], collections.deque()
-    try:
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            for s, t in pairs.iter_chunks(size):
-                pending.append(pool.submit(_encode_in_worker, model, s, t, keep, overlong))
-                if len(pending) >= 2 * workers:
-                    chunks.append(pending.popleft().result())
-            chunks += [f.result() for f in pending]
-    except concurrent.futures.process.BrokenProcessPool as e:
-        raise DataError(
-            f"a tokenizer worker process died ({e}). Workers import the main script: a script "
-            'that trains must guard its entry point with `if __name__ == "__main__":`. Or set '
-            "data.num_workers=1 to tokenize in this process."
-        ) from e
-    return chunks
 
 
 # ----------------------------------------------------------------------------- writing
@@ -386,25 +307,25 @@ def cached_tokenize_split(
     remote = storage.is_remote(root)
     local = cache_mirror.local_path(root, name) if remote else final
     if process_index == 0:
-        got, meta, why = read_cache(local, key)
-        if got is None and remote and cache_mirror.published(final, key):
-            got, meta, why = _fetch(final, local, key)
-        if got is None:
-            log.info("token cache %s: building (%s)", final, why)
-            workers = num_workers or cfg.num_workers
-            key = build_cache(cfg, tokenizer, split, overlong, local, key, workers)
-            got, meta, why = read_cache(local, key)
-            if got is None:
-                raise DataError(f"{local}: unreadable right after it was built ({why}).")
-        else:
-            n_over, n_seen = meta.get("num_overlong", 0), meta.get("num_seen", len(got))
-            report_overlong(split, cfg, overlong, n_over, n_seen, len(got))
-        if remote and not cache_mirror.published(final, key):
-            cache_mirror.publish(local, final)  # the other hosts wait for this
-        log.info("token cache: %d pairs of %r mapped from %s", len(got), split, local)
-        return got
+        try:
+            try:
+                return _build_or_read(cfg, tokenizer, split, overlong, key, (final, local),
+                                      num_workers)  # fmt: skip
+            except OSError as e:  # a full disk, a file-size limit, no permission: not the data
+                if isinstance(e, FileNotFoundError):
+                    raise
+                raise DataError(
+                    f"could not write the token cache {final} ({e.strerror or e}). Make room "
+                    'there, or set data.token_cache_dir to another folder ("": no cache, each '
+                    "host tokenizes in memory)"
+                ) from e
+        except BaseException as e:  # the others poll for the files: tell them it failed
+            notices.tell(_NOTICE + name, str(e) if isinstance(e, DataError) else repr(e))
+            raise
     start = noted = time.monotonic()
     while (got := read_cache(local, key))[0] is None:
+        if (failed := notices.heard(_NOTICE + name)) is not None:
+            raise DataError(f"process {process_index} stopped because process 0 failed: {failed}")
         if remote and cache_mirror.published(final, key):
             got = _fetch(final, local, key)
             if got[0] is not None:
@@ -424,6 +345,29 @@ def cached_tokenize_split(
         time.sleep(poll_s)
     log.info("token cache: %d pairs of %r mapped from %s (process 0's)", len(got[0]), split, local)
     return got[0]
+
+
+def _build_or_read(cfg, tokenizer, split, overlong, key, where, num_workers) -> TokenizedSplit:
+    """Process 0's part: the cache read, fetched from the bucket, or built (and published)."""
+    final, local = where
+    remote = final != local
+    got, meta, why = read_cache(local, key)
+    if got is None and remote and cache_mirror.published(final, key):
+        got, meta, why = _fetch(final, local, key)
+    if got is None:
+        log.info("token cache %s: building (%s)", final, why)
+        workers = num_workers or cfg.num_workers
+        key = build_cache(cfg, tokenizer, split, overlong, local, key, workers)
+        got, meta, why = read_cache(local, key)
+        if got is None:
+            raise DataError(f"{local}: unreadable right after it was built ({why}).")
+    else:
+        n_over, n_seen = meta.get("num_overlong", 0), meta.get("num_seen", len(got))
+        report_overlong(split, cfg, overlong, n_over, n_seen, len(got))
+    if remote and not cache_mirror.published(final, key):
+        cache_mirror.publish(local, final)  # the other hosts wait for this
+    log.info("token cache: %d pairs of %r mapped from %s", len(got), split, local)
+    return got
 
 
 def _fetch(remote: str, local: str, key: dict) -> tuple[TokenizedSplit | None, dict | None, str]:

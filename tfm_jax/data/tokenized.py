@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import logging
+import math
+import multiprocessing
+import os
+import sys
 from collections.abc import Iterable, Sequence
 
 import ml_collections
@@ -12,6 +19,7 @@ import numpy as np
 
 from tfm_jax.data.sources import DataError, open_split
 from tfm_jax.data.tokenizer import Tokenizer
+from tfm_jax.platform import storage
 from tfm_jax.vocab_ids import EOS_ID
 
 log = logging.getLogger(__name__)
@@ -174,3 +182,78 @@ def split_of(
     return TokenizedSplit(
         src_ids, offsets_of([src_lens]), tgt_ids, offsets_of([tgt_lens]), pair_index
     )
+
+
+# ----------------------------------------------------------------------------- in worker processes
+
+_CHUNK_PAIRS = (256, 20_000)  # bounds on the pairs one worker task encodes
+_POOL_MIN_PAIRS = 50_000  # fewer encode in ~2 s in-process, about what starting workers costs
+
+
+@functools.lru_cache(maxsize=4)
+def _worker_tokenizer(path: str | None, proto: bytes | None, digest: str) -> Tokenizer:
+    """The tokenizer a worker process encodes with, loaded once a worker (a memo of its
+    arguments: the vocabulary's content hash is part of the key)."""
+    tok = Tokenizer.load(path) if path else Tokenizer(proto)
+    if tok.content_hash != digest:
+        raise DataError(
+            f"{path}: the vocabulary file changed while the split was being tokenized; "
+            "start again (it is never rewritten in place unless by hand)."
+        )
+    return tok
+
+
+def _encode_in_worker(
+    model: tuple[str | None, bytes | None, str], src: list[str], tgt: list[str], keep, overlong
+) -> EncodedChunk:
+    return encode_chunk(_worker_tokenizer(*model), src, tgt, keep, overlong)
+
+
+def encode_split(
+    cfg: ml_collections.ConfigDict,
+    tokenizer: Tokenizer,
+    split: str,
+    overlong: str,
+    num_workers: int,
+) -> list[EncodedChunk]:
+    """The split's chunks encoded in order: in `num_workers` processes when that is > 1 and the
+    split is large enough to repay starting them.
+
+    Each worker loads the sentencepiece model from its file (the proto when it has none) and
+    encodes with one thread; at most 2 chunks per worker are in flight, so the text is not
+    all queued at once.
+    """
+    keep = tokens_kept(cfg, overlong)
+    pairs = open_split(cfg, split)
+    workers = 1 if len(pairs) < _POOL_MIN_PAIRS else max(1, min(num_workers, os.cpu_count() or 1))
+    size = min(_CHUNK_PAIRS[1], max(_CHUNK_PAIRS[0], math.ceil(len(pairs) / (4 * workers))))
+    workers = max(1, min(workers, math.ceil(len(pairs) / size)))
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if workers > 1 and main_file and not storage.isfile(main_file):
+        log.warning("tokenizing in this process: workers cannot import __main__ (%s)", main_file)
+        workers = 1  # `python - < script`: forkserver's workers would fail to import "<stdin>"
+    log.info(
+        "tokenizing %r: %d pairs, %d process(es), chunks of %d", split, len(pairs), workers, size
+    )
+    if workers == 1:
+        return [encode_chunk(tokenizer, s, t, keep, overlong) for s, t in pairs.iter_chunks(size)]
+    proto = None if tokenizer.path else tokenizer.model_proto  # workers load the file if any
+    model = (tokenizer.path, proto, tokenizer.content_hash)
+    # Not "fork": the parent may hold JAX's threads. forkserver forks workers from a clean server.
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    chunks, pending = [], collections.deque()
+    try:
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            for s, t in pairs.iter_chunks(size):
+                pending.append(pool.submit(_encode_in_worker, model, s, t, keep, overlong))
+                if len(pending) >= 2 * workers:
+                    chunks.append(pending.popleft().result())
+            chunks += [f.result() for f in pending]
+    except concurrent.futures.process.BrokenProcessPool as e:
+        raise DataError(
+            f"a tokenizer worker process died ({e}). Workers import the main script: a script "
+            'that trains must guard its entry point with `if __name__ == "__main__":`. Or set '
+            "data.num_workers=1 to tokenize in this process."
+        ) from e
+    return chunks
