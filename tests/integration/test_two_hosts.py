@@ -201,3 +201,50 @@ def test_a_lead_that_cannot_write_the_token_cache_stops_both_hosts(corpus, tmp_p
     assert lines[0] == [f"error: {said}"]
     assert lines[1] == [f"error: process 1 stopped because process 0 failed: {said}"]
     assert_clean_message(errs[0] + errs[1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_save_that_fails_on_the_lead_alone_stops_both_hosts(corpus, tmp_path):
+    """From step 10 the lead's files may not pass 50 KB, so its part of the next checkpoint
+    fails (EFBIG), which room.py cannot foresee. Host 1 waited at Orbax's write barrier and the
+    lead's finalize thread at the next one: both still hung at 240 s (Orbax gives up at 1200 s).
+    Now the barriers give up when a host says its part failed (checkpoint/agreement.py)."""
+    args = long_run_args(corpus, **{"model.dropout": 0.0, "train.checkpoint_every_steps": 4})
+    workdir, log0 = tmp_path / "run", tmp_path / "stdout0.txt"
+    host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
+            "--num_processes=2"]  # fmt: skip
+    with (
+        open(log0, "w") as out0,
+        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
+        killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=out0)) as p0,
+    ):
+        wait_for_step(log0, 10, p0)
+        _files_up_to(50_000, p0)
+        errs = [p.communicate(timeout=120)[1] for p in (p0, p1)]
+    for p, err in zip((p0, p1), errs, strict=True):
+        assert p.returncode == 1, err[-3000:]
+        assert "Terminating process" not in err, err[-3000:]
+    lines = [[ln for ln in err.splitlines() if ln.startswith("error: ")] for err in errs]
+    assert len(lines[0]) == len(lines[1]) == 1, lines
+    newest = Checkpointer(workdir, every_steps=0, every_secs=0, keep=5).all_steps()[-1]
+    failed = newest + 4
+    for line in (lines[0][0], lines[1][0]):
+        assert line.startswith(f"error: checkpoint {failed} could not be saved in {workdir}/"), line
+        assert line.endswith(
+            f"training stopped. The newest complete checkpoint is still step {newest}. Fix "
+            f"that, then run the same command to resume from step {newest}"
+        ), line
+    assert "File too large" in lines[0][0] or "Failed writing" in lines[0][0], lines[0]
+    assert " (process 0's part failed: " in lines[1][0], lines[1]
+    assert (
+        lines[1][0]
+        .split(" (process 1 stopped waiting))")[0]
+        .endswith(
+            lines[0][0]
+            .split(f"could not be saved in {workdir / 'checkpoints'} (")[1]
+            .split("); training stopped")[0]
+        )
+    ), lines  # host 1 says the lead's error, as the lead says it
+    assert not [f for f in (workdir / "checkpoints").iterdir() if "tmp" in f.name]
+    assert_clean_message(errs[0] + errs[1])

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from helpers import data_config
+from helpers.kv_store import KeyValueStore
 from helpers.runs import write_tiny_corpus
 
 from tfm_jax import data
@@ -202,26 +203,12 @@ def test_other_processes_wait_for_process_0(setup):
         )
 
 
-class _KeyValueStore(dict):
-    """The coordination service's key-value store as platform.notices uses it."""
-
-    def key_value_set(self, key, value):
-        if key in self:
-            raise RuntimeError(f"ALREADY_EXISTS: {key}")
-        self[key] = value
-
-    def key_value_try_get(self, key):
-        if key not in self:
-            raise RuntimeError(f"NOT_FOUND: {key}")
-        return self[key]
-
-
 def test_a_failed_build_on_process_0_stops_the_waiting_processes_with_its_error(setup, monkeypatch):
     """Process 0 fails writing the cache (here a file-size limit): process 1 used to poll for
     the files for its 30-minute timeout; the job's key-value store now tells it at once."""
     cfg, tok = setup
-    store = _KeyValueStore()
-    monkeypatch.setattr(notices, "_client", lambda: store)
+    store = KeyValueStore()
+    monkeypatch.setattr(notices, "client", lambda: store)
 
     def too_large(*args, **kwargs):
         raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), "/cache/src_ids.npy")
@@ -246,7 +233,7 @@ def test_a_failed_build_on_process_0_stops_the_waiting_processes_with_its_error(
     start = time.monotonic()
     waiter.join(60)
     assert time.monotonic() - start < 5 and not waiter.is_alive()
-    (name,) = [k.rsplit("/", 1)[1] for k in store]
+    (name,) = [k.rsplit("/", 1)[1] for k in store.values]
     final = os.path.join(cfg.token_cache_dir, name)
     assert str(failed.value) == (
         f"could not write the token cache {final} (File too large). Make room there, or set "

@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from tfm_jax.checkpoint import debris, layout, reading, room
+from tfm_jax.checkpoint import agreement, debris, layout, reading, room
 from tfm_jax.checkpoint.errors import (
     CheckpointRestoreError,
     CheckpointSaveError,
@@ -172,6 +172,8 @@ class Checkpointer:
                 # Deletes `<step>.orbax-checkpoint-tmp-*` dirs left by a killed save.
                 cleanup_tmp_directories=True,
                 create=True,
+                # several hosts: barriers that give up when one host's write failed
+                async_options=ocp.AsyncOptions(barrier_sync_fn=agreement.barrier_sync_fn()),
             ),
         )
         self._committed = self._mngr.latest_step()  # newest checkpoint known to be on disk
@@ -301,11 +303,14 @@ class Checkpointer:
             raise self._failure from None
 
     def _save_error(self, step: int | None, e: BaseException) -> CheckpointSaveError:
+        e = agreement.original_error(e)
         text = str(e)
         full = storage.is_disk_full(e) or any(
             s in text for s in ("No space left", "os_error_code='28'", "Disk quota")
         )
         what = "no space left on the device" if full else reading.read_error_reason(e)
+        if isinstance(e, agreement.SaveFailedOnAHost):
+            what = str(e)  # another host's error, as it said it
         free = storage.free_bytes(self.directory)
         space = ""
         if full and self._state_bytes:
