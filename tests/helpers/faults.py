@@ -1,5 +1,6 @@
 """What the fault tests share: the CLI in a subprocess, reading its progress, its messages."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from helpers import REPO
-from helpers.runs import cli_args, tiny_run_overrides
+from helpers.runs import cli_args, free_port, killed_on_exit, tiny_run_overrides
 
 
 def cli(args, stdout=subprocess.PIPE, **kw):
@@ -62,3 +63,16 @@ def mount_tmpfs(path, size="2m"):
                        capture_output=True, text=True)  # fmt: skip
     if p.returncode != 0:
         pytest.skip(f"cannot mount a {size} tmpfs to fill (needs root): {p.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def two_hosts(args, workdir, stdout0=subprocess.DEVNULL, stdout1=subprocess.DEVNULL):
+    """The same `train` as processes 0 and 1 of one `jax.distributed` job on localhost, host 1
+    started first; yields (p0, p1), both killed on the way out if still running."""
+    host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
+            "--num_processes=2"]  # fmt: skip
+    with (
+        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=stdout1)) as p1,
+        killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=stdout0)) as p0,
+    ):
+        yield p0, p1

@@ -15,9 +15,10 @@ from helpers.faults import (
     close_stdout_after_step,
     long_run_args,
     mount_tmpfs,
+    two_hosts,
     wait_for_step,
 )
-from helpers.runs import free_port, killed_on_exit
+from helpers.runs import free_port
 
 from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.train import preemption
@@ -60,14 +61,10 @@ def test_when_the_leads_stdout_reader_goes_away_both_hosts_stop_at_one_saved_ste
     step; both save it and stop, the lead saying SIGPIPE (141), host 1 SIGTERM (75). Before,
     both trained on to the end of their budget with the workdir's lease held."""
     args = long_run_args(corpus, **{"model.dropout": 0.0})
-    port = free_port()
     log1 = tmp_path / "stdout1.txt"
-    host = [f"--workdir={tmp_path / 'run'}", f"--coordinator_address=localhost:{port}",
-            "--num_processes=2"]  # fmt: skip
     with (
         open(log1, "w") as out1,
-        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=out1)) as p1,
-        killed_on_exit(cli([*args, *host, "--process_id=0"])) as p0,
+        two_hosts(args, tmp_path / "run", stdout0=subprocess.PIPE, stdout1=out1) as (p0, p1),
     ):
         closed_at = close_stdout_after_step(p0, 6)
         err0 = p0.communicate(timeout=300)[1]
@@ -94,16 +91,8 @@ def test_a_full_disk_under_the_leads_metrics_stops_both_hosts_naming_one_checkpo
     shutdown barrier and were aborted (SIGABRT, a C++ trace; host 1 never said why). Now the
     lead's failure is broadcast at the step it happened and both stop at once, alike."""
     args = long_run_args(corpus, **{"model.dropout": 0.0, "train.checkpoint_every_steps": 4})
-    port = free_port()
-    workdir = tmp_path / "run"
-    log0 = tmp_path / "stdout0.txt"
-    host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
-            "--num_processes=2"]  # fmt: skip
-    with (
-        open(log0, "w") as out0,
-        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
-        killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=out0)) as p0,
-    ):
+    workdir, log0 = tmp_path / "run", tmp_path / "stdout0.txt"
+    with open(log0, "w") as out0, two_hosts(args, workdir, stdout0=out0) as (p0, p1):
         wait_for_step(log0, 10, p0)
         metrics, full = workdir / "metrics.jsonl", tmp_path / "full"
         os.symlink("/dev/full", full)  # every write there fails: "No space left on device"
@@ -133,13 +122,7 @@ def test_a_disk_too_full_for_the_next_checkpoint_stops_both_hosts_before_it(corp
     try:
         workdir = disk / "run"
         args = long_run_args(corpus, **{"model.dropout": 0.0, "train.checkpoint_every_steps": 4})
-        port = free_port()
-        host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{port}",
-                "--num_processes=2"]  # fmt: skip
-        with (
-            killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
-            killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=subprocess.DEVNULL)) as p0,
-        ):
+        with two_hosts(args, workdir) as (p0, p1):
             errs = [p.communicate(timeout=240)[1] for p in (p0, p1)]
         for p, err in zip((p0, p1), errs, strict=True):
             assert p.returncode == 1, err[-3000:]
@@ -178,12 +161,7 @@ def test_a_lead_that_cannot_write_the_token_cache_stops_both_hosts(corpus, tmp_p
     store (platform/notices.py), which stops at once with process 0's reason."""
     args = long_run_args(corpus, **{"model.dropout": 0.0})
     workdir = tmp_path / "run"
-    host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
-            "--num_processes=2"]  # fmt: skip
-    with (
-        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
-        killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=subprocess.DEVNULL)) as p0,
-    ):
+    with two_hosts(args, workdir) as (p0, p1):
         _files_up_to(100_000, p0)
         errs = [p.communicate(timeout=120)[1] for p in (p0, p1)]  # not 308 s and an abort
     for p, err in zip((p0, p1), errs, strict=True):
@@ -212,13 +190,7 @@ def test_a_save_that_fails_on_the_lead_alone_stops_both_hosts(corpus, tmp_path):
     Now the barriers give up when a host says its part failed (checkpoint/agreement.py)."""
     args = long_run_args(corpus, **{"model.dropout": 0.0, "train.checkpoint_every_steps": 4})
     workdir, log0 = tmp_path / "run", tmp_path / "stdout0.txt"
-    host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
-            "--num_processes=2"]  # fmt: skip
-    with (
-        open(log0, "w") as out0,
-        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=subprocess.DEVNULL)) as p1,
-        killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=out0)) as p0,
-    ):
+    with open(log0, "w") as out0, two_hosts(args, workdir, stdout0=out0) as (p0, p1):
         wait_for_step(log0, 10, p0)
         _files_up_to(50_000, p0)
         errs = [p.communicate(timeout=120)[1] for p in (p0, p1)]
