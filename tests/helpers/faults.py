@@ -66,13 +66,14 @@ def mount_tmpfs(path, size="2m"):
 
 
 @contextlib.contextmanager
-def two_hosts(args, workdir, stdout0=subprocess.DEVNULL, stdout1=subprocess.DEVNULL):
-    """The same `train` as processes 0 and 1 of one `jax.distributed` job on localhost, host 1
-    started first; yields (p0, p1), both killed on the way out if still running."""
+def two_hosts(args, workdir, stdout0=subprocess.DEVNULL, stdout1=subprocess.DEVNULL, args1=None):
+    """The same `train` (host 1's `args1` where given) as processes 0 and 1 of one
+    `jax.distributed` job on localhost, host 1 started first; yields (p0, p1), both killed on
+    the way out if still running."""
     host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
             "--num_processes=2"]  # fmt: skip
     with (
-        killed_on_exit(cli([*args, *host, "--process_id=1"], stdout=stdout1)) as p1,
+        killed_on_exit(cli([*(args1 or args), *host, "--process_id=1"], stdout=stdout1)) as p1,
         killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=stdout0)) as p0,
     ):
         yield p0, p1

@@ -177,7 +177,9 @@ def test_a_lead_that_cannot_write_the_token_cache_stops_both_hosts(corpus, tmp_p
         'data.token_cache_dir to another folder ("": no cache, each host tokenizes in memory)'
     )
     assert lines[0] == [f"error: {said}"]
-    assert lines[1] == [f"error: process 1 stopped because process 0 failed: {said}"]
+    assert lines[1] == [
+        f"error: process 1 stopped waiting for the token cache {cache}: process 0 failed: {said}"
+    ]
     assert_clean_message(errs[0] + errs[1])
 
 
@@ -208,7 +210,7 @@ def test_a_save_that_fails_on_the_lead_alone_stops_both_hosts(corpus, tmp_path):
             f"that, then run the same command to resume from step {newest}"
         ), line
     assert "File too large" in lines[0][0] or "Failed writing" in lines[0][0], lines[0]
-    assert " (process 0's part failed: " in lines[1][0], lines[1]
+    assert " (process 0 failed: its part of the checkpoint could not be written: " in lines[1][0]
     assert (
         lines[1][0]
         .split(" (process 1 stopped waiting))")[0]
@@ -219,4 +221,27 @@ def test_a_save_that_fails_on_the_lead_alone_stops_both_hosts(corpus, tmp_path):
         )
     ), lines  # host 1 says the lead's error, as the lead says it
     assert not [f for f in (workdir / "checkpoints").iterdir() if "tmp" in f.name]
+    assert_clean_message(errs[0] + errs[1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_host_without_the_data_stops_both_hosts_before_training(corpus, tmp_path):
+    """Host 1 cannot see the data folder (not mounted there). It stopped with the right error,
+    and process 0, which had the data, waited in Orbax's first collective until JAX's shutdown
+    barrier aborted both: 5 minutes, rc -6, nothing said. Now process 0 waits for every host
+    at a rendezvous before that collective, and stops there with host 1's error."""
+    args = long_run_args(corpus, **{"model.dropout": 0.0})
+    missing = tmp_path / "not_mounted"
+    args1 = [f"--config.data.dir={missing}" if a.startswith("--config.data.dir=") else a
+             for a in args]  # fmt: skip
+    with two_hosts(args, tmp_path / "run", args1=args1) as (p0, p1):
+        errs = [p.communicate(timeout=120)[1] for p in (p0, p1)]  # not 300 s and an abort
+    for p, err in zip((p0, p1), errs, strict=True):
+        assert p.returncode == 1, err[-3000:]
+        assert "Terminating process" not in err, err[-3000:]
+    lines = [[ln for ln in err.splitlines() if ln.startswith("error: ")] for err in errs]
+    assert len(lines[1]) == 1 and str(missing) in lines[1][0], lines
+    said = lines[1][0].removeprefix("error: ")
+    assert lines[0] == [f"error: process 0 stopped before training: process 1 failed: {said}"]
     assert_clean_message(errs[0] + errs[1])

@@ -16,12 +16,12 @@ from tfm_jax.platform import notices
 def store(monkeypatch):
     store = KeyValueStore()
     monkeypatch.setattr(notices, "client", lambda: store)
-    monkeypatch.setattr(agreement, "_POLL_MS", 20)
+    monkeypatch.setattr(notices, "_POLL_MS", 20)
     return store
 
 
 def _hosts(store, n):
-    return [agreement._Barriers(store, i, n) for i in range(n)]
+    return [agreement._Barriers(i, n) for i in range(n)]
 
 
 def _run(barrier, key, timeout_ms, out, i):
@@ -53,19 +53,17 @@ def test_a_barrier_gives_up_when_a_host_says_its_part_failed(store):
     waiting = threading.Thread(target=_run, args=(hosts[1], "async_write_complete", 60_000, out, 1))
     waiting.start()
     time.sleep(0.1)
-    assert notices.tell(agreement.FAILED, "process 0's part failed: OSError: File too large")
+    assert notices.tell_failed("OSError: File too large")
     start = time.monotonic()
     waiting.join(10)
     assert time.monotonic() - start < 2  # not the 60 s timeout
     assert isinstance(out[1], agreement.SaveFailedOnAHost)
-    assert str(out[1]) == (
-        "process 0's part failed: OSError: File too large (process 1 stopped waiting)"
-    )
+    assert str(out[1]) == ("process 0 failed: OSError: File too large (process 1 stopped waiting)")
 
 
 def test_a_barrier_times_out_with_a_message(store):
     (host, _) = _hosts(store, 2)
-    with pytest.raises(TimeoutError, match=r"process 0 waited 0 s at the save's barrier 'k'"):
+    with pytest.raises(TimeoutError, match=r"process 0 waited 0 s at 'save/k/1' for the other"):
         host(key="k", timeout_ms=100)
 
 
@@ -95,11 +93,12 @@ def test_orbaxs_record_of_a_failed_save_tells_the_other_hosts(store):
             None, (type(e), e, e.__traceback__),
         )  # fmt: skip
     assert tell.filter(record)  # kept: debris.py decides what is shown
-    assert notices.heard(agreement.FAILED) == (
-        "process 0's part failed: ValueError: OUT_OF_RANGE: Failed writing: File too large"
+    assert notices.heard(notices.FAILED) == (
+        "process 0 failed: its part of the checkpoint could not be written: ValueError: "
+        "OUT_OF_RANGE: Failed writing: File too large"
     )
     other = logging.LogRecord("absl", logging.ERROR, "x.py", 1, "something else", None, None)
-    assert tell.filter(other) and len(store.values) == 1
+    assert tell.filter(other) and list(store.values) == ["tfm_jax/failed"]
 
 
 def test_one_process_keeps_orbaxs_own_barriers():

@@ -15,6 +15,7 @@ from helpers.kv_store import KeyValueStore
 from helpers.runs import write_tiny_corpus
 
 from tfm_jax import data
+from tfm_jax.cli import errors
 from tfm_jax.data import DataError, token_cache, tokenized
 from tfm_jax.data.tokenized import tokenize_split
 from tfm_jax.data.tokenizer import Tokenizer
@@ -205,7 +206,8 @@ def test_other_processes_wait_for_process_0(setup):
 
 def test_a_failed_build_on_process_0_stops_the_waiting_processes_with_its_error(setup, monkeypatch):
     """Process 0 fails writing the cache (here a file-size limit): process 1 used to poll for
-    the files for its 30-minute timeout; the job's key-value store now tells it at once."""
+    the files for its 30-minute timeout; the error the CLI leaves in the job's key-value store
+    now stops it at its next poll."""
     cfg, tok = setup
     store = KeyValueStore()
     monkeypatch.setattr(notices, "client", lambda: store)
@@ -221,7 +223,7 @@ def test_a_failed_build_on_process_0_stops_the_waiting_processes_with_its_error(
             token_cache.cached_tokenize_split(
                 cfg, tok, "train", "drop", process_index=1, wait_timeout_s=60, poll_s=0.02
             )
-        except DataError as e:
+        except notices.AnotherProcessFailed as e:
             got[1] = e
 
     waiter = threading.Thread(target=host_1)
@@ -230,21 +232,19 @@ def test_a_failed_build_on_process_0_stops_the_waiting_processes_with_its_error(
     assert waiter.is_alive()  # waiting: nothing is built, nothing told
     with pytest.raises(DataError) as failed:
         token_cache.cached_tokenize_split(cfg, tok, "train", "drop", process_index=0)
+    errors.tell_the_other_processes(failed.value)  # as the CLI does on its way out
     start = time.monotonic()
     waiter.join(60)
     assert time.monotonic() - start < 5 and not waiter.is_alive()
-    (name,) = [k.rsplit("/", 1)[1] for k in store.values]
-    final = os.path.join(cfg.token_cache_dir, name)
+    key = token_cache.cache_key(cfg, tok, "train", "drop")
+    final = os.path.join(cfg.token_cache_dir, token_cache.cache_dir_name(key))
     assert str(failed.value) == (
         f"could not write the token cache {final} (File too large). Make room there, or set "
         'data.token_cache_dir to another folder ("": no cache, each host tokenizes in memory)'
     )
-    assert str(got[1]) == f"process 1 stopped because process 0 failed: {failed.value}"
-
-
-def test_notices_without_a_job_tell_no_one():
-    assert notices.tell("x", "y") is False  # one process: no coordination service
-    assert notices.heard("x") is None
+    assert str(got[1]) == (
+        f"process 1 stopped waiting for the token cache {final}: process 0 failed: {failed.value}"
+    )
 
 
 def test_train_iterator_uses_the_cache_and_matches_cache_off(setup, tmp_path, monkeypatch):

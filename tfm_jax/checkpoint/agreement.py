@@ -8,10 +8,11 @@ minutes, and the failed host's own finalize thread waited for them at the next b
 measured with two hosts on localhost, both still hung at 240 s, nothing said after the failure.
 
 Here the barriers Orbax waits at (its `AsyncOptions.barrier_sync_fn`) are built on the job's
-key-value store, and can be told to give up: a host whose save thread failed leaves its error
-in the store (platform/notices.py), caught from the error record Orbax logs for it, and every
-barrier then stops waiting with `SaveFailedOnAHost`, naming that host and its error. Each host
-then fails its save as the failed host does, and stops at its next save or at the end.
+key-value store (platform/notices.py), and give up on a failure left there: a host whose save
+thread failed leaves its error (caught from the record Orbax logs for it), as the CLI leaves
+any process's error, and every barrier then stops waiting with `SaveFailedOnAHost`, naming
+that host and its error. Each host then fails its save as the failed host does, and stops at
+its next save or at the end.
 """
 
 from __future__ import annotations
@@ -19,14 +20,10 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-import time
 
 import jax
 
 from tfm_jax.platform import notices
-
-FAILED = "checkpoint_save_failed"  # the notice: "process N: why"
-_POLL_MS = 1000  # how often a waiting host looks for that notice
 
 
 class SaveFailedOnAHost(RuntimeError):
@@ -43,35 +40,20 @@ def original_error(e: BaseException) -> BaseException:
 
 class _Barriers:
     """`barrier_sync_fn(key=..., timeout_ms=...)`: all processes reach `key` (each time it is
-    used: Orbax reuses keys), or a save failed somewhere, or the time is up."""
+    used: Orbax reuses keys), or a process failed, or the time is up."""
 
-    def __init__(self, client, process: int, processes: int):
-        self._client, self._process, self._processes = client, process, processes
+    def __init__(self, process: int, processes: int):
+        self._process, self._processes = process, processes
         self._uses: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
 
     def __call__(self, *, key: str, timeout_ms: int) -> None:
         with self._lock:
             self._uses[key] += 1
-            base = f"{notices.PREFIX}barrier/{key}/{self._uses[key]}"
-        if self._client.key_value_increment(base + "/arrived", 1) == self._processes:
-            self._client.key_value_set(base + "/all", "")
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            failed = notices.heard(FAILED)
-            if failed is not None:
-                raise SaveFailedOnAHost(f"{failed} (process {self._process} stopped waiting)")
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                raise TimeoutError(
-                    f"process {self._process} waited {timeout_ms / 1000:.0f} s at the save's "
-                    f"barrier {key!r} for the other hosts"
-                )
-            try:
-                self._client.blocking_key_value_get(base + "/all", min(_POLL_MS, left_ms))
-                return
-            except Exception:  # noqa: BLE001 - DEADLINE_EXCEEDED: not everyone yet
-                continue
+            name = f"save/{key}/{self._uses[key]}"
+        failed = notices.wait_for_all(name, self._processes, timeout_ms / 1000)
+        if failed is not None:
+            raise SaveFailedOnAHost(f"{failed} (process {self._process} stopped waiting)")
 
 
 class _TellOthers(logging.Filter):
@@ -88,7 +70,7 @@ class _TellOthers(logging.Filter):
             from tfm_jax.checkpoint import reading
 
             why = reading.read_error_reason(record.exc_info[1])
-            notices.tell(FAILED, f"process {jax.process_index()}'s part failed: {why}")
+            notices.tell_failed(f"its part of the checkpoint could not be written: {why}")
         return True
 
 
@@ -99,11 +81,10 @@ def barrier_sync_fn():
     """The barrier for Orbax's AsyncOptions in a multi-host job (None with one process), with
     the filter that tells the other hosts when this host's save fails installed first in line
     on Orbax's logger (before debris.py's, which drops the record)."""
-    client = notices.client()
-    if client is None or jax.process_count() == 1:
+    if notices.client() is None or jax.process_count() == 1:
         return None
     absl = logging.getLogger("absl")
     with _installed:
         if not any(isinstance(f, _TellOthers) for f in absl.filters):
             absl.filters.insert(0, _TellOthers())
-    return _Barriers(client, jax.process_index(), jax.process_count())
+    return _Barriers(jax.process_index(), jax.process_count())

@@ -14,6 +14,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from tfm_jax.checkpoint import errors as ckpt_errors
     from tfm_jax.decode.load import InferenceError
     from tfm_jax.platform.lease import LeaseHeldError
+    from tfm_jax.platform.notices import AnotherProcessFailed
     from tfm_jax.platform.storage import StorageError
     from tfm_jax.train import loop
 
@@ -26,6 +27,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ckpt_errors.NonFiniteStateError,
         loop.NonFiniteLossError,
         LeaseHeldError,  # another `train` holds the workdir
+        AnotherProcessFailed,  # this host stopped for another's error, which the message says
         StorageError,  # a gs:// path without the gcs extra
         FileNotFoundError,
     )
@@ -58,3 +60,20 @@ def report(e: BaseException) -> int | None:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return None
+
+
+def tell_the_other_processes(e: BaseException) -> None:
+    """In a multi-host job, leaves this process's error for the processes that wait for it (the
+    token cache, the rendezvous before training, a save's barriers), which then stop at once
+    with it (platform/notices.py); nothing with one process."""
+    from tfm_jax.platform import notices
+
+    if notices.client() is None or isinstance(e, notices.AnotherProcessFailed):
+        return  # no job, or said first by the process that failed
+    if isinstance(e, ConfigError):
+        why = f"config error: {e}"
+    elif isinstance(e, (OSError, *user_errors())):
+        why = str(e)
+    else:
+        why = f"{type(e).__name__}: {e}"
+    notices.tell_failed(why)

@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         paths.resolve_args(args)  # once, here: every command below sees absolute local paths
         return args.fn(args, overrides)
     except Exception as e:
+        errors.tell_the_other_processes(e)  # those waiting for this one stop with it
         code = errors.report(e)  # config errors 2, other user errors 1, one line on stderr
         if code is None:
             raise

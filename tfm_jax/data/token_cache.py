@@ -22,12 +22,13 @@ the page cache it cut the batches/s from 291 to 22, one 4 KiB disk read per pair
 Writes are atomic: a build goes into `<name>.tmp-<host>-<pid>/` beside its final place, is
 fsynced, then renamed; readers only open a directory whose meta.json matches, so a killed build
 leaves a temp directory that is ignored (and removed by the next build once its process is gone).
-Only process 0 builds; other processes poll for a matching meta.json (and for process 0's
-error, left in the job's key-value store: platform/notices.py), so all hosts must see the same
-folder: a shared filesystem, or a bucket (a gs:// root is built locally and published there,
-and each host maps its own local copy: cache_mirror.py). Workers start by forkserver, not fork (the
-trainer holds JAX's threads), so they import the main script: guard a script's entry point with
-`if __name__ == "__main__":`. Evaluation splits are small and stay in memory (batching.py).
+Only process 0 builds; other processes poll for a matching meta.json (and for an error of
+another process, left in the job's key-value store: platform/notices.py), so all hosts must
+see the same folder: a shared filesystem, or a bucket (a gs:// root is built locally and
+published there, and each host maps its own local copy: cache_mirror.py). Workers start by
+forkserver, not fork (the trainer holds JAX's threads), so they import the main script: guard
+a script's entry point with `if __name__ == "__main__":`. Evaluation splits are small and
+stay in memory (batching.py).
 """
 
 from __future__ import annotations
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 FORMAT = 1  # bump when the files' layout or meaning changes
 ARRAYS = ("src_ids", "src_offsets", "tgt_ids", "tgt_offsets", "pair_index")
 _DTYPES = {"src_ids": np.int32, "tgt_ids": np.int32}  # the rest are int64
-_NOTICE = "token_cache_failed/"  # + the cache's name: process 0's error, for the others
 WAIT_TIMEOUT_S = 1800.0  # how long process k > 0 waits for process 0's build
 _STALE_S = 24 * 3600  # another host's temp dir is left alone this long
 
@@ -308,24 +308,19 @@ def cached_tokenize_split(
     local = cache_mirror.local_path(root, name) if remote else final
     if process_index == 0:
         try:
-            try:
-                return _build_or_read(cfg, tokenizer, split, overlong, key, (final, local),
-                                      num_workers)  # fmt: skip
-            except OSError as e:  # a full disk, a file-size limit, no permission: not the data
-                if isinstance(e, FileNotFoundError):
-                    raise
-                raise DataError(
-                    f"could not write the token cache {final} ({e.strerror or e}). Make room "
-                    'there, or set data.token_cache_dir to another folder ("": no cache, each '
-                    "host tokenizes in memory)"
-                ) from e
-        except BaseException as e:  # the others poll for the files: tell them it failed
-            notices.tell(_NOTICE + name, str(e) if isinstance(e, DataError) else repr(e))
-            raise
+            return _build_or_read(cfg, tokenizer, split, overlong, key, (final, local), num_workers)
+        except OSError as e:  # a full disk, a file-size limit, no permission: not the data
+            raise DataError(
+                f"could not write the token cache {final} ({e.strerror or e}). Make room there, "
+                'or set data.token_cache_dir to another folder ("": no cache, each host '
+                "tokenizes in memory)"
+            ) from e
     start = noted = time.monotonic()
     while (got := read_cache(local, key))[0] is None:
-        if (failed := notices.heard(_NOTICE + name)) is not None:
-            raise DataError(f"process {process_index} stopped because process 0 failed: {failed}")
+        if (failed := notices.heard(notices.FAILED)) is not None:  # the CLI leaves its error
+            raise notices.AnotherProcessFailed(
+                f"process {process_index} stopped waiting for the token cache {final}: {failed}"
+            )
         if remote and cache_mirror.published(final, key):
             got = _fetch(final, local, key)
             if got[0] is not None:

@@ -1,40 +1,62 @@
-"""Notes one process of a multi-host job leaves for the others, in the job's coordination
-service (the key-value store `jax.distributed.initialize` starts on process 0's coordinator).
+"""What one process of a multi-host job tells the others, in the job's coordination service
+(the key-value store `jax.distributed.initialize` starts on process 0's coordinator).
 
-Processes that wait for one another on a shared filesystem (the token cache: process 0 builds
-it, the others poll for its files) cannot tell "still working" from "failed": a process 0 that
-failed left the others polling until their timeout (30 minutes), while it sat in JAX's shutdown
-barrier for 5 and was aborted. A failure noted here reaches them at their next poll (and the
-save barriers of checkpoint/agreement.py give up on one). The store lives as long as the job,
-so a note cannot be stale from an earlier run; without `jax.distributed` (one process) there
-is no one to tell, and nothing is kept.
+A process that fails alone used to leave the others waiting for it with nothing said: for the
+token cache it builds (their poll's timeout, 30 minutes), at a collective (measured, two hosts
+on localhost: host 1 had no data folder and said so; process 0 sat in Orbax's first barrier
+until JAX's shutdown barrier aborted both at 309 s), or at a save's barrier (20 minutes).
+Now the CLI leaves every error under FAILED on its way out ("process N failed: why"), and
+every place that waits for other processes also watches for that note and stops with it: the
+token cache poll, `wait_for_all` (the rendezvous before training's first collective), and the
+save barriers (checkpoint/agreement.py, which also leaves the note when a host's part of a
+save fails). The store lives as long as the job, so a note is never stale from an earlier
+run; with one process (no `jax.distributed`) there is no one to tell, and nothing is kept.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import time
 
 log = logging.getLogger(__name__)
 
 PREFIX = "tfm_jax/"
+FAILED = "failed"  # the first error of the job's processes: "process N failed: why"
+WAIT_TIMEOUT_S = 1800.0  # how long a process waits for the others at a rendezvous
+_POLL_MS = 1000  # how often a waiting process looks for FAILED
+
+
+class AnotherProcessFailed(RuntimeError):
+    """This process stopped because another process of its job failed (the message says which
+    and why)."""
 
 
 def client():
     """The job's coordination-service client, or None without `jax.distributed`."""
+    if "jax" not in sys.modules:  # a CLI error before JAX started: no job to tell
+        return None
     from jax._src import distributed  # where jax.experimental.multihost_utils finds it too
 
     return distributed.global_state.client
 
 
+def _process() -> int:
+    import jax
+
+    return jax.process_index()
+
+
 def tell(key: str, value: str) -> bool:
-    """Leaves `value` under `key` for the job's other processes; whether there was a job to
-    tell. Best effort: it is said on the way out of a failure, which must stay that failure."""
+    """Leaves `value` under `key` for the job's other processes, unless a value is there (the
+    first one stays); whether it was left. Best effort: it is said on the way out of a failure,
+    which must stay that failure."""
     store = client()
     if store is None:
         return False
     try:
         store.key_value_set(PREFIX + key, value)
-    except Exception as e:  # noqa: BLE001 - a second note of the same key, a lost coordinator
+    except Exception as e:  # noqa: BLE001 - ALREADY_EXISTS (said first elsewhere), a lost coordinator
         log.info("could not leave the note %r for the other processes: %s", key, e)
         return False
     return True
@@ -49,3 +71,37 @@ def heard(key: str) -> str | None:
         return store.key_value_try_get(PREFIX + key)
     except Exception:  # noqa: BLE001 - NOT_FOUND: nothing left there (yet)
         return None
+
+
+def tell_failed(why: str) -> bool:
+    """Leaves this process's error under FAILED, for every process that waits for it."""
+    return client() is not None and tell(FAILED, f"process {_process()} failed: {why}")
+
+
+def wait_for_all(key: str, processes: int, timeout_s: float = WAIT_TIMEOUT_S) -> str | None:
+    """Blocks until `processes` processes have called this with `key` (once each), and returns
+    None; or returns FAILED's note as soon as one is left; TimeoutError after `timeout_s`. It is
+    a collective that watches for a failure, where JAX's own cannot: one RPC a second while it
+    waits, and none for a process that finds everyone there."""
+    store = client()
+    if store is None:
+        return None
+    base = f"{PREFIX}rendezvous/{key}"
+    if store.key_value_increment(base + "/arrived", 1) == processes:
+        store.key_value_set(base + "/all", "")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        failed = heard(FAILED)
+        if failed is not None:
+            return failed
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            raise TimeoutError(
+                f"process {_process()} waited {timeout_s:.0f} s at {key!r} for the other "
+                f"processes of its job; {processes} were to come"
+            )
+        try:
+            store.blocking_key_value_get(base + "/all", min(_POLL_MS, left_ms))
+            return None
+        except Exception:  # noqa: BLE001 - DEADLINE_EXCEEDED: not everyone yet
+            continue

@@ -25,7 +25,7 @@ from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.config import paths
 from tfm_jax.model import losses, sharding
 from tfm_jax.model.scoring import perplexity
-from tfm_jax.platform import cluster, host, lease, report, storage
+from tfm_jax.platform import cluster, host, lease, notices, report, storage
 from tfm_jax.train import preemption, resume
 from tfm_jax.train.profile import Profiler
 from tfm_jax.train.reporting import LogWindow, MetricsWriter, Progress
@@ -126,6 +126,7 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
     )
     train_iter = data.make_train_iterator(cfg.data, tokenizer, seed=cfg.train.seed, **shard)
     eval_batches = data.make_eval_batches(cfg.data, tokenizer, cfg.data.eval_split, **shard)
+    _all_hosts_set_up()
     ckpt = Checkpointer(
         workdir,
         every_steps=cfg.train.checkpoint_every_steps,
@@ -150,6 +151,20 @@ def setup_run(cfg: ml_collections.ConfigDict, workdir: str) -> Run:
         ckpt.close()  # Orbax's threads must stop before the interpreter does
         raise
     return Run(cfg, workdir, trainer, tokenizer, train_iter, eval_batches, ckpt, state, start)
+
+
+def _all_hosts_set_up() -> None:
+    """Waits until every host has its vocabulary, data and model, before the first collective
+    (Orbax's, in Checkpointer): a host that failed before it (no data folder, a full disk) left
+    the others waiting there until JAX's shutdown barrier aborted them all (309 s, two hosts);
+    now its error, left by the CLI (platform/notices.py), stops them here at once."""
+    if jax.process_count() == 1:
+        return
+    failed = notices.wait_for_all("set up", jax.process_count())
+    if failed is not None:
+        raise notices.AnotherProcessFailed(
+            f"process {jax.process_index()} stopped before training: {failed}"
+        )
 
 
 def compile_for_shape(
