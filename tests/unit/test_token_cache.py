@@ -16,10 +16,10 @@ from helpers.runs import write_tiny_corpus
 
 from tfm_jax import data
 from tfm_jax.cli import errors
-from tfm_jax.data import DataError, token_cache, tokenized
+from tfm_jax.data import DataError, cache_mirror, token_cache, tokenized
 from tfm_jax.data.tokenized import tokenize_split
 from tfm_jax.data.tokenizer import Tokenizer
-from tfm_jax.platform import notices
+from tfm_jax.platform import notices, storage
 
 ARRAYS = token_cache.ARRAYS
 
@@ -244,6 +244,49 @@ def test_a_failed_build_on_process_0_stops_the_waiting_processes_with_its_error(
     )
     assert str(got[1]) == (
         f"process 1 stopped waiting for the token cache {final}: process 0 failed: {failed.value}"
+    )
+
+
+def test_a_bucket_copy_that_fails_says_which_copy(setup, tmp_path, monkeypatch):
+    """With the cache in a bucket (here a folder the storage layer treats as one), an OSError is
+    one line naming the copy that failed: the lead's publish, another host's copy from the
+    bucket. Both used to say "could not write the token cache" (or were a traceback)."""
+    cfg, tok = setup
+    bucket = str(tmp_path / "bucket")
+    cfg.token_cache_dir = bucket
+    monkeypatch.setattr(storage, "is_remote", lambda p: os.fspath(p).startswith(bucket))
+    monkeypatch.setenv("TFM_JAX_SCRATCH", str(tmp_path / "host0"))
+    key = token_cache.cache_key(cfg, tok, "train", "drop")
+    name = token_cache.cache_dir_name(key)
+    final, local = f"{bucket}/{name}", cache_mirror.local_path(bucket, name)
+    os.makedirs(final)  # a bucket has no folders to make; this stand-in needs its one
+    publish = cache_mirror.publish
+
+    def denied(*args, **kwargs):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), final)
+
+    monkeypatch.setattr(cache_mirror, "publish", denied)
+    with pytest.raises(DataError) as failed:
+        token_cache.cached_tokenize_split(cfg, tok, "train", "drop", process_index=0)
+    room = 'Make room there, or set data.token_cache_dir to another folder ("": no cache, '
+    assert str(failed.value) == (
+        f"could not publish the token cache {local} to {final} (Permission denied). "
+        f"{room}each host tokenizes in memory)"
+    )
+    monkeypatch.setattr(cache_mirror, "publish", publish)
+    token_cache.cached_tokenize_split(cfg, tok, "train", "drop", process_index=0)
+    assert cache_mirror.published(final, key)
+
+    def unreachable(*args, **kwargs):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), final)
+
+    monkeypatch.setenv("TFM_JAX_SCRATCH", str(tmp_path / "host1"))  # another host's mirror
+    monkeypatch.setattr(cache_mirror, "fetch", unreachable)
+    with pytest.raises(DataError) as failed:
+        token_cache.cached_tokenize_split(cfg, tok, "train", "drop", process_index=1)
+    assert str(failed.value) == (
+        f"could not copy the token cache {final} into {cache_mirror.local_path(bucket, name)} "
+        f"(Input/output error). {room}each host tokenizes in memory)"
     )
 
 

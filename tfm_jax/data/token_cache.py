@@ -33,6 +33,7 @@ stay in memory (batching.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -307,14 +308,7 @@ def cached_tokenize_split(
     remote = storage.is_remote(root)
     local = cache_mirror.local_path(root, name) if remote else final
     if process_index == 0:
-        try:
-            return _build_or_read(cfg, tokenizer, split, overlong, key, (final, local), num_workers)
-        except OSError as e:  # a full disk, a file-size limit, no permission: not the data
-            raise DataError(
-                f"could not write the token cache {final} ({e.strerror or e}). Make room there, "
-                'or set data.token_cache_dir to another folder ("": no cache, each host '
-                "tokenizes in memory)"
-            ) from e
+        return _build_or_read(cfg, tokenizer, split, overlong, key, (final, local), num_workers)
     start = noted = time.monotonic()
     while (got := read_cache(local, key))[0] is None:
         if (failed := notices.heard(notices.FAILED)) is not None:  # the CLI leaves its error
@@ -322,7 +316,8 @@ def cached_tokenize_split(
                 f"process {process_index} stopped waiting for the token cache {final}: {failed}"
             )
         if remote and cache_mirror.published(final, key):
-            got = _fetch(final, local, key)
+            with _cache_io(f"copy the token cache {final} into {local}"):
+                got = _fetch(final, local, key)
             if got[0] is not None:
                 break
         waited = time.monotonic() - start
@@ -348,11 +343,13 @@ def _build_or_read(cfg, tokenizer, split, overlong, key, where, num_workers) -> 
     remote = final != local
     got, meta, why = read_cache(local, key)
     if got is None and remote and cache_mirror.published(final, key):
-        got, meta, why = _fetch(final, local, key)
+        with _cache_io(f"copy the token cache {final} into {local}"):
+            got, meta, why = _fetch(final, local, key)
     if got is None:
         log.info("token cache %s: building (%s)", final, why)
         workers = num_workers or cfg.num_workers
-        key = build_cache(cfg, tokenizer, split, overlong, local, key, workers)
+        with _cache_io(f"write the token cache {local}"):
+            key = build_cache(cfg, tokenizer, split, overlong, local, key, workers)
         got, meta, why = read_cache(local, key)
         if got is None:
             raise DataError(f"{local}: unreadable right after it was built ({why}).")
@@ -360,9 +357,23 @@ def _build_or_read(cfg, tokenizer, split, overlong, key, where, num_workers) -> 
         n_over, n_seen = meta.get("num_overlong", 0), meta.get("num_seen", len(got))
         report_overlong(split, cfg, overlong, n_over, n_seen, len(got))
     if remote and not cache_mirror.published(final, key):
-        cache_mirror.publish(local, final)  # the other hosts wait for this
+        with _cache_io(f"publish the token cache {local} to {final}"):
+            cache_mirror.publish(local, final)  # the other hosts wait for this
     log.info("token cache: %d pairs of %r mapped from %s", len(got), split, local)
     return got
+
+
+@contextlib.contextmanager
+def _cache_io(doing: str):
+    """An OSError while `doing` (a full disk, a file-size limit, no permission, a bucket that
+    cannot be reached: not the data) as one DataError line that says what and where."""
+    try:
+        yield
+    except OSError as e:
+        raise DataError(
+            f"could not {doing} ({e.strerror or e}). Make room there, or set "
+            'data.token_cache_dir to another folder ("": no cache, each host tokenizes in memory)'
+        ) from e
 
 
 def _fetch(remote: str, local: str, key: dict) -> tuple[TokenizedSplit | None, dict | None, str]:
