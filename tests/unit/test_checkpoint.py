@@ -1,8 +1,10 @@
 """Tests for tfm_jax/checkpoint/: round trip, retention, triggers, averaging, damage."""
 
 import contextlib
+import errno
 import json
 import logging
+import os
 from typing import Any
 
 import flax
@@ -12,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from tfm_jax.checkpoint import averaging, layout, reading, room
+from tfm_jax.checkpoint import agreement, averaging, layout, reading, room
 from tfm_jax.checkpoint import errors as ckpt_errors
 from tfm_jax.checkpoint.manager import Checkpointer
 from tfm_jax.platform import storage
@@ -363,6 +365,33 @@ def test_a_save_that_will_not_fit_is_not_started(tmp_path, monkeypatch):
         "checkpoint 2); training stopped. The newest complete checkpoint is still step 2. Free "
         "space on that filesystem (or move the workdir), then run the same command to resume "
         "from step 2"
+    )
+
+
+def test_a_full_disk_on_another_host_is_not_described_by_this_hosts_disk(tmp_path, monkeypatch):
+    """A save that stopped for another host's error (agreement.SaveFailedOnAHost) says that
+    error; this host's free space and state size describe a disk that is not the one that
+    filled, so they are left out. This host's own full disk keeps them."""
+    monkeypatch.setattr(storage, "free_bytes", lambda p: 3 * 2**20)
+    state = _make_state(1, step=1)
+    with _ckpt(tmp_path, async_save=False) as ckpt:
+        assert ckpt.maybe_save(4, state, DATA_STATE, CONFIG_JSON, force=True)
+        theirs = agreement.SaveFailedOnAHost(
+            "process 0 failed: its part of the checkpoint could not be written: No space left "
+            "on device (process 1 stopped waiting)"
+        )
+        mine = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        told, own = ckpt._save_error(8, theirs), ckpt._save_error(8, mine)
+    then = (
+        "; training stopped. The newest complete checkpoint is still step 4. Free space on that "
+        "filesystem (or move the workdir), then run the same command to resume from step 4"
+    )
+    where = tmp_path / "checkpoints"
+    assert str(told) == f"checkpoint 8 could not be saved in {where} ({theirs}){then}"
+    size = f"{room.state_bytes(state) / 1e6:.1f} MB"
+    assert str(own) == (
+        f"checkpoint 8 could not be saved in {where} (no space left on the device; the train "
+        f"state is {size} uncompressed, 3.1 MB are free there){then}"
     )
 
 

@@ -309,13 +309,13 @@ class Checkpointer:
             s in text for s in ("No space left", "os_error_code='28'", "Disk quota")
         )
         what = "no space left on the device" if full else reading.read_error_reason(e)
-        if isinstance(e, agreement.SaveFailedOnAHost):
-            what = str(e)  # another host's error, as it said it
-        free = storage.free_bytes(self.directory)
+        elsewhere = isinstance(e, agreement.SaveFailedOnAHost)
+        if elsewhere:
+            what = str(e)  # another host's error, as it said it: this host's disk is not it
         space = ""
-        if full and self._state_bytes:
+        if full and self._state_bytes and not elsewhere:
             space = f"; the train state is {_megabytes(self._state_bytes)} uncompressed"
-            if free is not None:
+            if (free := storage.free_bytes(self.directory)) is not None:
                 space += f", {_megabytes(free)} are free there"
         committed = self._mngr.all_steps() if self._failure is None else []
         newest = max([s for s in committed if s != step], default=self._committed)
