@@ -23,6 +23,7 @@ import threading
 
 import jax
 
+from tfm_jax.checkpoint import reading
 from tfm_jax.platform import notices
 
 
@@ -67,8 +68,6 @@ class _TellOthers(logging.Filter):
             and "background save thread" in record.getMessage()
             and not isinstance(record.exc_info[1], SaveFailedOnAHost)
         ):
-            from tfm_jax.checkpoint import reading
-
             why = reading.read_error_reason(record.exc_info[1])
             notices.tell_failed(f"its part of the checkpoint could not be written: {why}")
         return True

@@ -81,8 +81,9 @@ def tell_failed(why: str) -> bool:
 def wait_for_all(key: str, processes: int, timeout_s: float = WAIT_TIMEOUT_S) -> str | None:
     """Blocks until `processes` processes have called this with `key` (once each), and returns
     None; or returns FAILED's note as soon as one is left; TimeoutError after `timeout_s`. It is
-    a collective that watches for a failure, where JAX's own cannot: one RPC a second while it
-    waits, and none for a process that finds everyone there."""
+    a collective that watches for a failure, where JAX's own cannot: an increment on arrival, then
+    two RPCs a second while it waits (a look for the note, and a blocking get of at most a
+    second, which returns at once when everyone is there)."""
     store = client()
     if store is None:
         return None
