@@ -12,8 +12,8 @@ from helpers import REPO
 from helpers.runs import cli_args, free_port, killed_on_exit, tiny_run_overrides
 
 
-def cli(args, stdout=subprocess.PIPE, **kw):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+def cli(args, stdout=subprocess.PIPE, extra_env=None, **kw):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **(extra_env or {}))
     env.pop("XLA_FLAGS", None)
     return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,
                             stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
@@ -57,6 +57,13 @@ def long_run_args(corpus, **extra):
     return ["train", "--config=configs/small.py", *cli_args(overrides)]
 
 
+def failing_at_step(step: int) -> dict:
+    """The environment in which a `train` raises inside its training loop before step `step`,
+    as a bug or a device error on that host alone would (helpers/fault_in_loop)."""
+    return {"PYTHONPATH": os.path.join(os.path.dirname(__file__), "fault_in_loop"),
+            "TFM_JAX_TEST_FAIL_AT_STEP": str(step)}  # fmt: skip
+
+
 def mount_tmpfs(path, size="2m"):
     path.mkdir()
     p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
@@ -66,14 +73,17 @@ def mount_tmpfs(path, size="2m"):
 
 
 @contextlib.contextmanager
-def two_hosts(args, workdir, stdout0=subprocess.DEVNULL, stdout1=subprocess.DEVNULL, args1=None):
-    """The same `train` (host 1's `args1` where given) as processes 0 and 1 of one
-    `jax.distributed` job on localhost, host 1 started first; yields (p0, p1), both killed on
-    the way out if still running."""
+def two_hosts(args, workdir, stdout0=subprocess.DEVNULL, stdout1=subprocess.DEVNULL, args1=None,
+              env1=None):  # fmt: skip
+    """The same `train` (host 1's `args1` and environment `env1` where given) as processes 0
+    and 1 of one `jax.distributed` job on localhost, host 1 started first; yields (p0, p1), both
+    killed on the way out if still running."""
     host = [f"--workdir={workdir}", f"--coordinator_address=localhost:{free_port()}",
             "--num_processes=2"]  # fmt: skip
     with (
-        killed_on_exit(cli([*(args1 or args), *host, "--process_id=1"], stdout=stdout1)) as p1,
+        killed_on_exit(
+            cli([*(args1 or args), *host, "--process_id=1"], stdout=stdout1, extra_env=env1)
+        ) as p1,  # fmt: skip
         killed_on_exit(cli([*args, *host, "--process_id=0"], stdout=stdout0)) as p0,
     ):
         yield p0, p1

@@ -13,6 +13,7 @@ from helpers.faults import (
     assert_clean_message,
     cli,
     close_stdout_after_step,
+    failing_at_step,
     long_run_args,
     mount_tmpfs,
     two_hosts,
@@ -245,3 +246,28 @@ def test_a_host_without_the_data_stops_both_hosts_before_training(corpus, tmp_pa
     said = lines[1][0].removeprefix("error: ")
     assert lines[0] == [f"error: process 0 stopped before training: process 1 failed: {said}"]
     assert_clean_message(errs[0] + errs[1])
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_host_that_fails_alone_inside_the_training_loop_stops_the_other(corpus, tmp_path):
+    """Host 1 raises before step 10 (a bug or a device error there alone) while process 0 is in
+    the next step's collective, which host 1 will never join. Before, host 1 printed its error
+    and waited in JAX's shutdown barrier, process 0 in the collective, until both aborted at
+    318 s (rc -6), process 0 saying nothing of host 1's error. Now process 0's watch for a
+    failed process (notices.watching) hears host 1's note, says it in one line and joins the
+    shutdown barrier: both exit 1."""
+    args = long_run_args(corpus)
+    with two_hosts(args, tmp_path / "run", env1=failing_at_step(10)) as (p0, p1):
+        errs = [p.communicate(timeout=150)[1] for p in (p0, p1)]  # not 318 s and an abort
+    for p, err in zip((p0, p1), errs, strict=True):
+        assert p.returncode == 1, err[-3000:]
+        assert "Terminating process" not in err, err[-3000:]
+    assert errs[1].rstrip().endswith("RuntimeError: a fault on this host before step 10")
+    lines = [ln for ln in errs[0].splitlines() if ln.startswith("error: ")]
+    assert lines == [
+        "error: process 0 stopped training: process 1 failed: RuntimeError: a fault on this host "
+        "before step 10. No checkpoint was saved: once that is fixed, run the same command to "
+        "start again"
+    ]
+    assert_clean_message(errs[0])

@@ -7,17 +7,20 @@ on localhost: host 1 had no data folder and said so; process 0 sat in Orbax's fi
 until JAX's shutdown barrier aborted both at 309 s), or at a save's barrier (20 minutes).
 Now the CLI leaves every error under FAILED on its way out ("process N failed: why"), and
 every place that waits for other processes also watches for that note and stops with it: the
-token cache poll, `wait_for_all` (the rendezvous before training's first collective), and the
+token cache poll, `wait_for_all` (the rendezvous before training's first collective), the
 save barriers (checkpoint/agreement.py, which also leaves the note when a host's part of a
-save fails). The store lives as long as the job, so a note is never stale from an earlier
+save fails), and `watching`, a thread for the train steps' collectives, which cannot watch. The store lives as long as the job, so a note is never stale from an earlier
 run; with one process (no `jax.distributed`) there is no one to tell, and nothing is kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +28,8 @@ PREFIX = "tfm_jax/"
 FAILED = "failed"  # the first error of the job's processes: "process N failed: why"
 WAIT_TIMEOUT_S = 1800.0  # how long a process waits for the others at a rendezvous
 _POLL_MS = 1000  # how often a waiting process looks for FAILED
+GRACE_S = 20.0  # how long `watching` leaves a process that heard FAILED to stop by itself
+# (a save's barrier gives up within 1 s, then the loop's cleanup writes and closes its files)
 
 
 class AnotherProcessFailed(RuntimeError):
@@ -106,3 +111,38 @@ def wait_for_all(key: str, processes: int, timeout_s: float = WAIT_TIMEOUT_S) ->
             return None
         except Exception:  # noqa: BLE001 - DEADLINE_EXCEEDED: not everyone yet
             continue
+
+
+@contextlib.contextmanager
+def watching(act: Callable[[str], None], poll_s: float | None = None, grace_s: float = GRACE_S):
+    """For waits that cannot watch for FAILED themselves: a train step's collective, which a
+    process that failed will never join. While the block runs, a thread looks for another
+    process's note every `poll_s` (one try-get; 2 s, longer past 50 processes so that the
+    coordinator gets about 25 looks a second in all) and, if this process is still inside the
+    block `grace_s` later (the block's own waits that hear the note end it first), calls
+    `act(note)`, which is to end the process. Nothing with one process."""
+    store = client()
+    if store is None:
+        yield
+        return
+    import jax
+
+    me, done = f"process {jax.process_index()} failed:", threading.Event()
+    poll_s = poll_s or max(2.0, jax.process_count() / 25)
+
+    def look() -> None:
+        while not done.wait(poll_s):
+            note = heard(FAILED)
+            if note is not None and not note.startswith(me):  # this process's own: it is ending
+                if not done.wait(grace_s):
+                    act(note)
+                return
+
+    thread = threading.Thread(target=look, name="tfm_jax watching for a failed process")
+    thread.daemon = True
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

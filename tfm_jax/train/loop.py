@@ -167,6 +167,29 @@ def _all_hosts_set_up() -> None:
         )
 
 
+def _stop_for_another(run: Run, note: str) -> None:
+    """Ends this process, blocked in a train step's collective that a failed process will never
+    join (notices.watching, in its thread): one line on stderr, then JAX's shutdown, where the
+    failed process waits for the others (without it, it waited there 300 s and both aborted)."""
+    try:
+        newest = run.checkpointer.latest_step()
+    except Exception:  # noqa: BLE001 - the message must still be said
+        newest = None
+    resume = (
+        f"The newest complete checkpoint is step {newest}: once that is fixed, run the same "
+        "command to resume from it"
+        if newest is not None
+        else "No checkpoint was saved: once that is fixed, run the same command to start again"
+    )
+    os.write(
+        2, f"error: process {jax.process_index()} stopped training: {note}. {resume}\n".encode()
+    )
+    try:
+        jax.distributed.shutdown()
+    finally:
+        os._exit(1)
+
+
 def compile_for_shape(
     trainer: Trainer, state: TrainState, batch, shape: tuple, step: int, writer: MetricsWriter
 ) -> CompiledStep:
@@ -237,6 +260,7 @@ def train_loop(run: Run, num_steps: int | None = None) -> dict[str, Any]:
             )
 
     with contextlib.ExitStack() as cleanup:  # on the way out, however: last in, first done
+        cleanup.enter_context(notices.watching(lambda note: _stop_for_another(run, note)))
         cleanup.callback(progress.close)
         cleanup.callback(writer.close)
         stop = cleanup.enter_context(preemption.StopRequest())  # signals stop after a step
