@@ -9,8 +9,9 @@ Now the CLI leaves every error under FAILED on its way out ("process N failed: w
 every place that waits for other processes also watches for that note and stops with it: the
 token cache poll, `wait_for_all` (the rendezvous before training's first collective), the
 save barriers (checkpoint/agreement.py, which also leaves the note when a host's part of a
-save fails), and `watching`, a thread for the train steps' collectives, which cannot watch. The store lives as long as the job, so a note is never stale from an earlier
-run; with one process (no `jax.distributed`) there is no one to tell, and nothing is kept.
+save fails), and `watching`, a thread beside the train steps, whose collectives cannot watch.
+The store lives as long as the job, so a note is never stale from an earlier run; with one
+process (no `jax.distributed`) there is no one to tell, and nothing is kept.
 """
 
 from __future__ import annotations
