@@ -81,27 +81,31 @@ def bleu_at_best(
         return result
     workdir = storage.join(root, "replays", row, f"seed{seed}")
     storage.makedirs(workdir)
-    overrides = dict(run_overrides(preset, row, seed, root, **kw), **{"train.num_steps": step})
-    train, log_path = train_in(row, workdir, overrides, env)
+    # First to the run's first evaluation, where a replay that is not the run shows (measured:
+    # 0.2% and 1.8% off at step 120), then on to the best step from that checkpoint (a resume
+    # is bitwise exact), so a replay that cannot count costs one evaluation's steps, not all.
+    first = int(result["dev_curve"][0][0])
+    for upto in sorted({min(first, step), step}):
+        overrides = dict(run_overrides(preset, row, seed, root, **kw), **{"train.num_steps": upto})
+        train, log_path = train_in(row, workdir, overrides, env)
+        off = curve_difference(result["dev_curve"], stats.dev_curve(read_metrics(workdir)), upto)
+        if off is None or off > TOLERANCE:
+            print(
+                f"{row} seed {seed}: the replay to step {upto} is not the run (dev PPL differs "
+                f"by {'an evaluation missing' if off is None else f'{off:.1e} relative'}, over "
+                f"{TOLERANCE:g}: another processor's arithmetic, or changed code); its BLEU "
+                "stays the latest's",
+                flush=True,
+            )
+            return result
     scores = evaluate(workdir, "latest", log_path, env)
     save_log(log_path, workdir)
-    replayed = stats.dev_curve(read_metrics(workdir))
-    off = curve_difference(result["dev_curve"], replayed, step)
     check = {
         "step": step,
         "max_relative_ppl_difference": off,
         "platform": platform_of_log(log_path),
         "command": "python -m tfm_jax " + " ".join(train),
     }
-    if off is None or off > TOLERANCE:
-        print(
-            f"{row} seed {seed}: the replay to step {step} is not the run (dev PPL differs by "
-            f"{'an evaluation missing' if off is None else f'{off:.1e} relative'}, over "
-            f"{TOLERANCE:g}: another processor's arithmetic, or changed code); its BLEU stays "
-            "the latest's",
-            flush=True,
-        )
-        return result
     updated = dict(
         result,
         bleu=scores["bleu"],
