@@ -12,6 +12,7 @@ import errno
 import logging
 import math
 import os
+import threading
 import time
 from typing import Any
 
@@ -184,10 +185,12 @@ def _stop_for_another(run: Run, note: str) -> None:
     os.write(
         2, f"error: process {jax.process_index()} stopped training: {note}. {resume}\n".encode()
     )
-    try:
-        jax.distributed.shutdown()
-    finally:
-        os._exit(1)
+    # at most a minute: a shutdown barrier that some other stuck process never reaches must not
+    # keep this one (JAX's heartbeat check then ends the ones left)
+    shutdown = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+    shutdown.start()
+    shutdown.join(60)
+    os._exit(1)
 
 
 def compile_for_shape(
