@@ -14,9 +14,12 @@ is the run's first part only if its dev curve is the recorded one at every evalu
 best step. It is taken only then (relative PPL difference at most TOLERANCE at each): the
 result.json, in the root and in the mirror, gets the best checkpoint's BLEU ("bleu_at": "best")
 with the latest's kept as "bleu_latest", and "replayed" records the check. A replay whose curve
-differs (another processor's bf16 arithmetic, or code changed since the run) changes nothing, and
-the sweep prints by how much. A run recorded on another CPU model (or without bf16 where this
-one has it, or the reverse) is not replayed at all. The replay's checkpoint is kept.
+differs (another processor's bf16 arithmetic, or code changed since the run) stops at the first
+evaluation where it does, and the sweep prints by how much; the result keeps its BLEU and gets
+"replay_refused" (that check), which the report lists beside the dagger and which keeps a
+machine of the same kind from trying again. A run recorded on another CPU model (or without
+bf16 where this one has it, or the reverse) is not replayed at all. The replay's checkpoint is
+kept.
 """
 
 from __future__ import annotations
@@ -79,6 +82,16 @@ def bleu_at_best(
             flush=True,
         )
         return result
+    refused = result.get("replay_refused") or {}
+    if refused.get("platform") == here:
+        print(
+            f"{row} seed {seed}: its replay on this kind of machine ({here}) was not the run "
+            f"({refused.get('max_relative_ppl_difference'):.1e} relative off at step "
+            f"{refused.get('step')}); its BLEU stays the latest's (delete its replay_refused to "
+            "try again)",
+            flush=True,
+        )
+        return result
     workdir = storage.join(root, "replays", row, f"seed{seed}")
     storage.makedirs(workdir)
     # First to the run's first evaluation, where a replay that is not the run shows (measured:
@@ -89,6 +102,12 @@ def bleu_at_best(
         overrides = dict(run_overrides(preset, row, seed, root, **kw), **{"train.num_steps": upto})
         train, log_path = train_in(row, workdir, overrides, env)
         off = curve_difference(result["dev_curve"], stats.dev_curve(read_metrics(workdir)), upto)
+        check = {
+            "step": upto,
+            "max_relative_ppl_difference": off,
+            "platform": platform_of_log(log_path),
+            "command": "python -m tfm_jax " + " ".join(train),
+        }
         if off is None or off > TOLERANCE:
             print(
                 f"{row} seed {seed}: the replay to step {upto} is not the run (dev PPL differs "
@@ -97,15 +116,12 @@ def bleu_at_best(
                 "stays the latest's",
                 flush=True,
             )
-            return result
+            if off is None:
+                return result
+            # kept: the report says why the dagger stays, and this kind of machine skips it
+            return _write(dict(result, replay_refused=check), root, mirror, row, seed)
     scores = evaluate(workdir, "latest", log_path, env)
     save_log(log_path, workdir)
-    check = {
-        "step": step,
-        "max_relative_ppl_difference": off,
-        "platform": platform_of_log(log_path),
-        "command": "python -m tfm_jax " + " ".join(train),
-    }
     updated = dict(
         result,
         bleu=scores["bleu"],
@@ -116,10 +132,15 @@ def bleu_at_best(
         bleu_tok_compound=scores.get("bleu_tok_compound"),
         replayed=check,
     )
-    text = json.dumps(updated, indent=2)
+    updated.pop("replay_refused", None)
+    return _write(updated, root, mirror, row, seed)
+
+
+def _write(result: dict, root: str, mirror, row: str, seed: int) -> dict:
+    """`result` written over the run's result.json, in the root and in the mirror."""
+    text = json.dumps(result, indent=2)
     main = workdir_of(root, row, seed)
-    copy = mirror_path(mirror, root, main)
-    for where in (main, copy):
+    for where in (main, mirror_path(mirror, root, main)):
         if where and storage.exists(storage.join(where, "result.json")):
             storage.write_text(storage.join(where, "result.json"), text)
-    return updated
+    return result

@@ -147,6 +147,23 @@ def at_best_checkpoint(result: dict) -> dict:
     )
 
 
+def refused_replays(results: list[dict]) -> str:
+    """The dagger's runs whose replay (--bleu_at_best) was not the run, and by how much: made
+    on other arithmetic or code, they keep the latest's BLEU."""
+    said = [
+        f"{_run_name(r)} ({r['replay_refused']['max_relative_ppl_difference']:.1e} at step "
+        f"{r['replay_refused']['step']} on {r['replay_refused']['platform']})"
+        for r in results
+        if r.get("replay_refused") and r.get("bleu_at") == "latest"
+    ]
+    if not said:
+        return ""
+    return (
+        " Replayed to their best step and not the run (dev PPL relative difference at the "
+        "first evaluation that differed), so their dagger stays: " + ", ".join(said) + "."
+    )
+
+
 FEW_RUNS = 12  # a machine with at most this many runs has them named in the machines line
 
 
@@ -286,7 +303,7 @@ def write_table(
         "",
         "Ours: mean ± this comparison's own sd over its n seeds; real past the threshold "
         "(the pooled t se, at least the minimum effect). †: a run's BLEU is its latest "
-        "checkpoint's, not its best's.",
+        "checkpoint's, not its best's." + refused_replays(results),
         "",
         "| # | comparison | expected PPL | ours: PPL diff (mean ± sd, n) | real past | verdict "
         "(PPL) | expected BLEU | ours: BLEU diff | real past | verdict (BLEU) |",
