@@ -25,14 +25,21 @@ def _as_before_the_best_was_kept(path, worse_last_by=1.0, off_by=0.0):
     return r
 
 
-@pytest.mark.slow
-def test_a_replay_gives_the_best_checkpoints_bleu_only_when_it_is_the_run(tmp_path, capsys):
+def _micro_sweep(tmp_path, eval_every):
+    """One micro base run of 6 steps, evaluated every `eval_every`, in a root with a mirror: the
+    run the replays are made of. Returns the corpus, the root, the mirror and the sweep's flags."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=600, n_val=16)
     root, mirror = tmp_path / "runs", tmp_path / "mirror"
     common = ["--preset=micro", "--rows=base", "--seeds=0", f"--root={root}",
               f"--out={tmp_path / 'out'}", f"--data_dir={corpus}", "--steps=6",
-              "--eval_every=3", f"--mirror={mirror}"]  # fmt: skip
+              f"--eval_every={eval_every}", f"--mirror={mirror}"]  # fmt: skip
     assert sweep.main(common) == 0
+    return corpus, root, mirror, common
+
+
+@pytest.mark.slow
+def test_a_replay_gives_the_best_checkpoints_bleu_only_when_it_is_the_run(tmp_path, capsys):
+    corpus, root, mirror, common = _micro_sweep(tmp_path, eval_every=3)
     result_path = root / "base" / "seed0" / "result.json"
     copy_path = mirror / "base" / "seed0" / "result.json"
     assert [s for s, _ in json.loads(result_path.read_text())["dev_curve"]] == [3, 6]
@@ -87,12 +94,7 @@ def test_a_replay_that_is_not_the_run_stops_at_its_first_evaluation(tmp_path, ca
     """The replay trains to the run's first evaluation, compares, and only then on to the best
     step: one that differs there (another machine's arithmetic) costs that evaluation's steps,
     not the whole way to the best (D0.0 seed 1 differed by 1.8% at step 120 of its 480)."""
-    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=600, n_val=16)
-    root, mirror = tmp_path / "runs", tmp_path / "mirror"
-    common = ["--preset=micro", "--rows=base", "--seeds=0", f"--root={root}",
-              f"--out={tmp_path / 'out'}", f"--data_dir={corpus}", "--steps=6",
-              "--eval_every=2", f"--mirror={mirror}"]  # fmt: skip
-    assert sweep.main(common) == 0
+    corpus, root, mirror, common = _micro_sweep(tmp_path, eval_every=2)
     result_path = root / "base" / "seed0" / "result.json"
     replayed = root / "replays" / "base" / "seed0"
 

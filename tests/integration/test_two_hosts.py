@@ -278,7 +278,7 @@ def test_a_host_that_fails_alone_inside_the_training_loop_stops_the_other(corpus
     lines = [ln for ln in errs[0].splitlines() if ln.startswith("error: ")]
     assert lines == [
         "error: process 0 stopped training: process 1 failed: RuntimeError: a fault on this host "
-        "before step 10. No checkpoint was saved: once that is fixed, run the same command to "
-        "start again"
+        "before step 10. No complete checkpoint was saved before it. Fix that, then run the same "
+        "command to start again"
     ]
     assert_clean_message(errs[0])

@@ -38,7 +38,7 @@ from tfm_jax.platform import storage
 log = logging.getLogger(__name__)
 
 
-def _resume_text(newest: int | None, full: bool) -> str:
+def resume_text(newest: int | None, full: bool) -> str:
     """The end of a failed save's message: the newest complete checkpoint and how to go on."""
     newest_text = (
         f"The newest complete checkpoint is still step {newest}"
@@ -241,7 +241,7 @@ class Checkpointer:
         self.wait()  # the previous save's error, if any, is that save's (Orbax would raise it here)
         short = room.shortfall(self.directory, step, self._committed, state)
         if short:  # on every host alike, before any of them writes
-            self._failure = CheckpointSaveError(short + _resume_text(self._committed, full=True))
+            self._failure = CheckpointSaveError(short + resume_text(self._committed, full=True))
             raise self._failure
         self._state_bytes = room.state_bytes(state)
         debris.install()  # an async save's threads print a failure before wait() reports it
@@ -321,7 +321,7 @@ class Checkpointer:
         newest = max([s for s in committed if s != step], default=self._committed)
         return CheckpointSaveError(
             f"checkpoint {step if step is not None else ''} could not be saved in "
-            f"{self.directory} ({what}{space}); training stopped. {_resume_text(newest, full)}"
+            f"{self.directory} ({what}{space}); training stopped. {resume_text(newest, full)}"
         )
 
     def disk_full_error(self, e: OSError) -> CheckpointSaveError:
@@ -332,7 +332,7 @@ class Checkpointer:
         where = f" writing {e.filename}" if e.filename else ""
         return CheckpointSaveError(
             f"no space left on the device{where} ({e.strerror}); training stopped. "
-            + _resume_text(self.latest_step(), full=True)
+            + resume_text(self.latest_step(), full=True)
         )
 
     def _remove_partial(self, step: int | None) -> None:

@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from tfm_jax import data, platform
-from tfm_jax.checkpoint.manager import Checkpointer
+from tfm_jax.checkpoint.manager import Checkpointer, resume_text
 from tfm_jax.config import paths
 from tfm_jax.model import losses, sharding
 from tfm_jax.model.scoring import perplexity
@@ -176,15 +176,8 @@ def _stop_for_another(run: Run, note: str) -> None:
         newest = run.checkpointer.latest_step()
     except Exception:  # noqa: BLE001 - the message must still be said
         newest = None
-    resume = (
-        f"The newest complete checkpoint is step {newest}: once that is fixed, run the same "
-        "command to resume from it"
-        if newest is not None
-        else "No checkpoint was saved: once that is fixed, run the same command to start again"
-    )
-    os.write(
-        2, f"error: process {jax.process_index()} stopped training: {note}. {resume}\n".encode()
-    )
+    line = f"error: process {jax.process_index()} stopped training: {note}. "
+    os.write(2, (line + resume_text(newest, full=False) + "\n").encode())
     # at most a minute: a shutdown barrier that some other stuck process never reaches must not
     # keep this one (JAX's heartbeat check then ends the ones left)
     shutdown = threading.Thread(target=jax.distributed.shutdown, daemon=True)
