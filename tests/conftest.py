@@ -3,13 +3,27 @@ config. Tests are unit/ (in-process, fast) or integration/ (training runs, the C
 processes); what they share is the tests/helpers package."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 from helpers import tiny_config
 
+_SESSION_CACHE = "TFM_JAX_TESTS_CACHE_HOME"
+
 
 def pytest_configure(config):
+    """JAX on the CPU, and one compilation cache for the session (see _jax_on_one_cpu_device),
+    made by the controller before xdist starts its workers, which inherit the environment."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if not hasattr(config, "workerinput") and _SESSION_CACHE not in os.environ:
+        os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="tfm_jax-tests-cache-")
+        os.environ["XDG_CACHE_HOME"] = os.environ[_SESSION_CACHE]
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput") and os.environ.get(_SESSION_CACHE):
+        shutil.rmtree(os.environ.pop(_SESSION_CACHE), ignore_errors=True)
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: not an unknown hook under -p no:xdist
@@ -26,10 +40,20 @@ def pytest_xdist_auto_num_workers(config):
 def _jax_on_one_cpu_device():
     """Starts JAX on one CPU device before any test: the inference CLI's --cpu_devices (default
     one per core) only applies before JAX starts, so tests that call it in-process keep this
-    count. Tests that need more devices run their own process."""
+    count. Tests that need more devices run their own process.
+
+    It also turns the persistent compilation cache on, as every command does (init_runtime with
+    the defaults: $XDG_CACHE_HOME/tfm_jax/xla, programs that took over a second). The session
+    points XDG_CACHE_HOME at a folder of its own (pytest_configure), which the CLI's processes
+    inherit, so the workers, the in-process tests and the commands they start compile each
+    program once per session (the tests build many identical tiny models and steps), and the
+    suite neither reads nor grows a user's cache: a run here starts as cold as on CI."""
     import jax
 
+    from tfm_jax import platform
+
     jax.devices()
+    platform.init_runtime()
 
 
 @pytest.fixture
