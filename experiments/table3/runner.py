@@ -204,6 +204,7 @@ def run_one(
     overrides = run_overrides(preset, row, seed, root, variant=variant, **kw)
     done = _read_result(workdir, overrides, mirror_dir)
     if done is not None:
+        _mirror(workdir, mirror_dir, overrides, root, mirror)  # finished before --mirror was set
         return done
     result_path = storage.join(workdir, "result.json")
     storage.makedirs(workdir)
@@ -263,11 +264,20 @@ def run_one(
     # written whole (storage.write_text): a run counts as done only when its result is complete
     text = json.dumps(result, indent=2)
     storage.write_text(result_path, text)
-    if mirror_dir:
-        storage.makedirs(mirror_dir)
-        storage.write_text(storage.join(mirror_dir, "result.json"), text)
-        share_vocab(overrides["data.vocab_path"], root, mirror)
+    _mirror(workdir, mirror_dir, overrides, root, mirror)
     return result
+
+
+def _mirror(workdir: str, mirror_dir, overrides: dict, root: str, mirror) -> None:
+    """The run's result.json copied into the mirror with the shared vocabulary, where the mirror
+    has no result for it yet: a run trained with another --mirror (or none) is mirrored by the
+    next sweep that reads it."""
+    copy = storage.join(mirror_dir, "result.json") if mirror_dir else None
+    if copy is None or storage.exists(copy):
+        return
+    storage.makedirs(mirror_dir)
+    storage.write_text(copy, storage.read_text(storage.join(workdir, "result.json")))
+    share_vocab(overrides["data.vocab_path"], root, mirror)
 
 
 CONTINUED = "continued_from.json"

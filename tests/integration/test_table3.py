@@ -191,12 +191,18 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     with pytest.raises(SystemExit, match="train.num_steps"):
         sweep.main([*common, "--seeds=0", "--steps=6"])
 
+    # a mirror named after the run finished (A1 was trained under `par`, mirrored elsewhere):
+    # the sweep copies the finished result there and trains nothing
+    mirror = tmp_path / "mirror"
+    done = par / "A1" / "seed0" / "result.json"
+    stamp = os.path.getmtime(done)
+    assert sweep.main([*common, "--seeds=0", "--rows=A1", f"--root={par}", f"--out={par / 'out'}",
+                       f"--mirror={mirror}"]) == 0  # fmt: skip
+    assert os.path.getmtime(done) == stamp
+    mirrored = json.loads((mirror / "A1" / "seed0" / "result.json").read_text())
+    assert mirrored == json.loads(done.read_text())
     # a new machine: the runs' workdirs are gone, their results are in the committed mirror, and
     # the sweep skips every finished run (nothing is trained: no workdir is made)
-    mirror = tmp_path / "mirror"
-    assert sweep.main([*common, "--seeds=0", "--rows=A1", f"--mirror={mirror}"]) == 0
-    mirrored = json.loads((mirror / "A1" / "seed0" / "result.json").read_text())
-    assert mirrored == json.loads((runs / "A1" / "seed0" / "result.json").read_text())
     assert mirrored["bleu_at"] == "best" and mirrored["best_step"] == 5  # one eval: the end
     fresh = tmp_path / "fresh"
     capsys.readouterr()
@@ -206,7 +212,7 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     assert not list(fresh.rglob("metrics.jsonl"))  # nothing trained
     # ... and its vocabulary is the mirror's file, the pieces the runs used (not retrained),
     # whose digest each result records; a root with other pieces is refused
-    (vocab,) = (runs / "vocab").glob("spm_*.model")
+    (vocab,) = (par / "vocab").glob("spm_*.model")
     digest = hashlib.sha256(vocab.read_bytes()).hexdigest()[:16]
     assert mirrored["vocab_sha256"] == digest
     assert (mirror / "vocab" / vocab.name).read_bytes() == vocab.read_bytes()
