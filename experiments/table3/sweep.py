@@ -38,9 +38,9 @@ explanation experiments of experiments/table3/explain.py (probe rows, a third se
 the protocol under <root>/variants/) and the report judges each by its registered rule.
 
 Across machines. Each finished run's result.json is also written to --mirror (default
-experiments/results/<root's name>_runs/, the folder to commit), a run finished before that
-mirror was named by the next sweep that reads it; a sweep on a new machine reads the finished
-runs from there and skips them. The shared vocabulary is mirrored as well
+experiments/results/<root's name>_runs/, the folder to commit; a run that finished before that
+mirror was named is copied there by the next sweep that reads it); a sweep on a new machine
+reads the finished runs from there and skips them. The shared vocabulary is mirrored as well
 (<mirror>/vocab/): a root without one takes the mirror's, the pieces the finished runs used
 (each result records its sha256, and one of other pieces is refused). An unfinished run
 restarts from its last checkpoint (one each 10 minutes) if its workdir survived, else from

@@ -201,9 +201,9 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     assert os.path.getmtime(done) == stamp
     mirrored = json.loads((mirror / "A1" / "seed0" / "result.json").read_text())
     assert mirrored == json.loads(done.read_text())
+    assert mirrored["bleu_at"] == "best" and mirrored["best_step"] == 5  # one eval: the end
     # a new machine: the runs' workdirs are gone, their results are in the committed mirror, and
     # the sweep skips every finished run (nothing is trained: no workdir is made)
-    assert mirrored["bleu_at"] == "best" and mirrored["best_step"] == 5  # one eval: the end
     fresh = tmp_path / "fresh"
     capsys.readouterr()
     assert sweep.main([*common, "--seeds=0", "--rows=A1", f"--root={fresh}",
