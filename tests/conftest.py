@@ -7,15 +7,19 @@ import shutil
 import tempfile
 
 import pytest
-from helpers import tiny_config
+from helpers import TEST_XLA_FLAGS, tiny_config
 
 _SESSION_CACHE = "TFM_JAX_TESTS_CACHE_HOME"
 
 
 def pytest_configure(config):
-    """JAX on the CPU, and one compilation cache for the session (see _jax_on_one_cpu_device),
-    made by the controller before xdist starts its workers, which inherit the environment."""
+    """JAX on the CPU with the suite's XLA flags (helpers.TEST_XLA_FLAGS), and one compilation
+    cache for the session (see _jax_on_one_cpu_device), made by the controller before xdist starts
+    its workers, which inherit the environment."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    flags = os.environ.get("XLA_FLAGS", "")
+    if TEST_XLA_FLAGS not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {TEST_XLA_FLAGS}".strip()
     if not hasattr(config, "workerinput") and _SESSION_CACHE not in os.environ:
         os.environ[_SESSION_CACHE] = tempfile.mkdtemp(prefix="tfm_jax-tests-cache-")
         os.environ["XDG_CACHE_HOME"] = os.environ[_SESSION_CACHE]

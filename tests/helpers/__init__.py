@@ -1,5 +1,7 @@
-"""What the tests share: the repository's paths and a tiny model config that compiles in seconds
-on one CPU core. Runs on a tiny corpus are in helpers/runs.py."""
+"""What the tests share: the repository's paths, the environment of the processes they start and
+a tiny model config that compiles in seconds on one CPU core. Runs on a tiny corpus are in
+helpers/runs.py. Nothing here imports JAX (helpers/sharded_step_check.py sets XLA_FLAGS after
+importing this package)."""
 
 import os
 
@@ -10,6 +12,28 @@ from tfm_jax.config.validate import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_DATA = os.path.join(REPO, "..", "shared", "data")
+
+# XLA flags for every JAX process of the suite, its own (conftest.py) and those it starts
+# (process_env): XLA:CPU compiles the tests' tiny programs with LLVM at -O0. The suite compiles
+# thousands of tiny programs in hundreds of processes, where LLVM's optimisation costs about half
+# of each compile (the tiny train step's: 8 s + 8 s for init and step at the default, 3 s + 5 s at
+# -O0) and buys nothing at these sizes. The code under test, the HLO XLA makes of it and its float
+# semantics (no fast-math at any level) are the users'; what differs is the machine code, so last
+# bits move (that step's loss: 249.000397 by default, 249.000412 at -O0): an equivalence the suite
+# checks compares two programs compiled alike, and golden values hold to their tolerances.
+# TFM_JAX_TESTS_XLA_FLAGS="" compiles as users do.
+TEST_XLA_FLAGS = os.environ.get("TFM_JAX_TESTS_XLA_FLAGS", "--xla_backend_optimization_level=0")
+
+
+def process_env(*, xla_flags: str = "", **variables: str) -> dict[str, str]:
+    """The environment of a process a test starts: this one's, on the CPU, unbuffered, with the
+    suite's XLA flags and `xla_flags` only (not a developer's: an
+    --xla_force_host_platform_device_count of theirs would change what a test runs on), plus
+    `variables`."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+    env["XLA_FLAGS"] = f"{TEST_XLA_FLAGS} {xla_flags}".strip()
+    env.update(variables)
+    return env
 
 
 def tiny_config(**overrides):

@@ -8,13 +8,12 @@ import time
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, process_env
 from helpers.runs import cli_args, free_port, killed_on_exit, tiny_run_overrides
 
 
 def cli(args, stdout=subprocess.PIPE, extra_env=None, **kw):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **(extra_env or {}))
-    env.pop("XLA_FLAGS", None)
+    env = process_env(**(extra_env or {}))
     return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,
                             stdout=stdout, stderr=subprocess.PIPE, text=True, **kw)  # fmt: skip
 

@@ -1,20 +1,21 @@
 """Run as a subprocess with 8 simulated CPU devices: 1-device vs 8-device train steps.
 
-`python -m helpers.sharded_step_check` from tests/ (tests/integration/test_processes.py passes
-the two variables below in the environment too: importing the helpers package comes first).
+`python -m helpers.sharded_step_check` from tests/, which sets its 8 devices (the suite's process
+environment, helpers.process_env) before JAX is imported; tests/integration/test_processes.py
+starts it with the same environment.
 Prints one JSON line: max relative differences of loss and params, and the compile count.
 """
 
 import json
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-os.environ["JAX_PLATFORMS"] = "cpu"
+from helpers import process_env, tiny_config  # imports no JAX
+
+os.environ.update(process_env(xla_flags="--xla_force_host_platform_device_count=8"))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from helpers import tiny_config  # noqa: E402
 from tfm_jax import platform  # noqa: E402
 from tfm_jax.checkpoint import room  # noqa: E402
 from tfm_jax.model import scoring, sharding  # noqa: E402

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO, SHARED_DATA
+from helpers import REPO, SHARED_DATA, process_env
 
 from experiments.bench import cli as bench
 
@@ -31,8 +31,7 @@ MICRO = [
 
 
 def run_bench(*args, timeout=120):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env = process_env()
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.bench", *args], cwd=REPO, env=env,
         capture_output=True, text=True, timeout=timeout,
@@ -143,9 +142,9 @@ def test_gpu_check_cpu_mode_end_to_end(tmp_path):
     """The GPU check's every step at tiny shapes: each line it writes parses and has its fields,
     and its progress lines are stamped from one start."""
     results = tmp_path / "gpu_check.jsonl"
-    env = {**os.environ, "GPU_CHECK_MODE": "cpu", "GPU_CHECK_OUT": str(results),
-           "GPU_CHECK_WORK": str(tmp_path / "work"), "PYTHON": sys.executable}  # fmt: skip
-    for name in ("XLA_FLAGS", "BENCH_T0", "GPU_CHECK_BUDGET_S", "GPU_CHECK_DATA"):
+    env = process_env(GPU_CHECK_MODE="cpu", GPU_CHECK_OUT=str(results),
+                      GPU_CHECK_WORK=str(tmp_path / "work"), PYTHON=sys.executable)  # fmt: skip
+    for name in ("BENCH_T0", "GPU_CHECK_BUDGET_S", "GPU_CHECK_DATA"):
         env.pop(name, None)
     proc = subprocess.run(
         ["bash", GPU_CHECK], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
@@ -194,7 +193,7 @@ def test_input_scale_bench_cold_warm_and_two_hosts(tmp_path):
     argv = [sys.executable, "-m", "experiments.bench.input_pipeline", "--scale=3000",
             f"--scratch={tmp_path}", "--vocab_size=500", "--tokens_per_batch=2048",
             "--scale_batches=5"]  # fmt: skip
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = process_env()
     proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -4,12 +4,11 @@ CPU host, as a user runs it (the CLI in a new process). Needs the compile extras
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, process_env
 
 HAS_TPU = importlib.util.find_spec("libtpu") is not None
 # (find_spec of a dotted name raises when the parent package is missing: check it first)
@@ -45,8 +44,8 @@ TINY = [
 def run_compile(target: str, *extra: str, json_out: bool = True):
     cmd = [sys.executable, "-m", "tfm_jax", "compile", "--config=configs/small.py"]
     cmd += [f"--target={target}", *TINY, *extra] + (["--json"] if json_out else [])
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env=process_env())  # fmt: skip
 
 
 def check_record(r: dict, platform: str, devices: int, flops_source: str):

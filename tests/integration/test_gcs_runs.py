@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import pytest
 from etils import epath
-from helpers import REPO
+from helpers import REPO, process_env
 from helpers.gcs_server import GcsServer, GcsUnavailable
 from helpers.runs import (
     cli_args,
@@ -54,8 +54,7 @@ def gcs(tmp_path_factory):
 
 
 def cli(args, gcs, stdout=subprocess.PIPE, scratch=None):
-    env = dict(os.environ, **gcs.env, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
+    env = process_env(**gcs.env)
     if scratch:
         env["TFM_JAX_SCRATCH"] = str(scratch)  # each "host" its own local mirror
     return subprocess.Popen([sys.executable, "-m", "tfm_jax", *args], cwd=REPO, env=env,

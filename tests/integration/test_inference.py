@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import REPO, tiny_config
+from helpers import REPO, process_env, tiny_config
 from jax import lax
 
 from tfm_jax import data
@@ -342,7 +342,8 @@ def test_translate_on_two_cpu_devices_matches_one(run, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("".join(t + "\n" for t in texts))
     dst = tmp_path / "out.txt"
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = process_env()
+    env.pop("JAX_NUM_CPU_DEVICES", None)
     script = (
         "import sys, jax; from tfm_jax.cli.main import main; rc = main(sys.argv[1:]); "
         "assert jax.local_device_count() == 2, jax.devices(); sys.exit(rc)"

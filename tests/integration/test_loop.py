@@ -15,7 +15,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, process_env
 from helpers.runs import cli_args, free_port, tiny_run_config, tiny_run_overrides
 
 from tfm_jax.checkpoint import reading
@@ -25,8 +25,7 @@ from tfm_jax.train.trainer import make_trainer
 
 
 def cli(args, **kw):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
+    env = process_env()
     return subprocess.Popen(
         [sys.executable, "-m", "tfm_jax", *args],
         cwd=REPO,

@@ -8,16 +8,13 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import REPO
+from helpers import REPO, process_env
 from helpers.runs import cli_args, tiny_run_overrides, write_tiny_corpus
 
 from tfm_jax.config.build import load_config_module
 
 # 8 simulated CPU devices, in the environment before the helpers package (and JAX) is imported
-EIGHT_CPU_DEVICES = {
-    "JAX_PLATFORMS": "cpu",
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-}
+EIGHT_CPU_DEVICES = process_env(xla_flags="--xla_force_host_platform_device_count=8")
 TABLE3 = load_config_module(os.path.join(REPO, "configs", "table3.py"))
 
 
@@ -27,7 +24,7 @@ def test_eight_devices_match_one_device():
     out = subprocess.run(
         [sys.executable, "-m", "helpers.sharded_step_check"],
         cwd=os.path.join(REPO, "tests"),  # where `helpers` is a package
-        env={**os.environ, **EIGHT_CPU_DEVICES},
+        env=EIGHT_CPU_DEVICES,
         capture_output=True,
         text=True,
         timeout=600,
@@ -57,8 +54,7 @@ def test_a_relaunch_reads_the_compilation_cache(tmp_path):
         corpus, **{"train.num_steps": 4, "platform.compilation_cache": cache}
     )
     # every program, however fast it compiles (the tiny model's take well under the 1 s default)
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-    env.pop("XLA_FLAGS", None)
+    env = process_env(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     for run in ("a", "b"):
         argv = ["-m", "tfm_jax", "train", "--config=configs/small.py",
                 f"--workdir={tmp_path / run}", *cli_args(overrides)]  # fmt: skip
@@ -80,7 +76,7 @@ def test_params_json_within_7_percent_of_paper_for_every_row():
         capture_output=True,
         text=True,
         timeout=300,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        env=process_env(),
     )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = json.loads(out.stdout.strip().splitlines()[-1])["rows"]

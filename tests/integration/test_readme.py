@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, process_env
 from helpers.runs import cli_args, tiny_run_overrides, write_tiny_corpus
 
 README_WORKDIR = "runs/small"  # the workdir the README's main job names
@@ -65,8 +65,7 @@ def test_readme_main_job_end_to_end():
     made_runs = not os.path.isdir(os.path.join(REPO, "runs"))
     argv = [workdir if a == README_WORKDIR else a for a in shlex.split(quickstart_command())]
     argv += cli_args(tiny_run_overrides(corpus))  # data.dir=<corpus>, data.test_split=val, ...
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
+    env = process_env()
     # The README runs it in the activated venv: `python` is this interpreter.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     try:

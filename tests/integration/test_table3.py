@@ -13,7 +13,7 @@ import sys
 import tarfile
 
 import pytest
-from helpers import REPO
+from helpers import REPO, process_env
 from helpers.runs import write_tiny_corpus
 
 from experiments.table3 import commands, presets, runner, sweep
@@ -362,9 +362,8 @@ def test_mirror_none_turns_the_mirror_off(monkeypatch, tmp_path):
 def _device_script(tmp_path, name, **env):
     """experiments/table3_device.sh in its CPU mode (the micro preset) into tmp_path/name."""
     work = tmp_path / name
-    env = {**os.environ, "PYTHON": sys.executable, "TABLE3_DEVICE_MODE": "cpu",
-           "TABLE3_DEVICE_WORK": str(work), "TABLE3_DEVICE_PARALLEL": "2,2", **env}  # fmt: skip
-    env.pop("XLA_FLAGS", None)
+    env = process_env(PYTHON=sys.executable, TABLE3_DEVICE_MODE="cpu", TABLE3_DEVICE_WORK=str(work),
+                      TABLE3_DEVICE_PARALLEL="2,2", **env)  # fmt: skip
     proc = subprocess.run(
         ["bash", os.path.join(REPO, "experiments", "table3_device.sh")], cwd=REPO, env=env,
         capture_output=True, text=True, timeout=600,

@@ -2,12 +2,11 @@
 it sends itself and the handlers it installs touch no test runner."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 
-from helpers import REPO
+from helpers import REPO, process_env
 
 from tfm_jax.train import preemption
 
@@ -52,8 +51,7 @@ print(json.dumps(out))
 
 
 def run(case: str, **env_vars: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", **env_vars)
-    env.pop("XLA_FLAGS", None)
+    env = process_env(**env_vars)
     return subprocess.run([sys.executable, "-c", SCRIPT, case], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
