@@ -29,7 +29,6 @@ from tfm_jax.decode.translate import translate_texts
 from tfm_jax.eval.evaluate import evaluate_split
 from tfm_jax.model.transformer import Transformer
 from tfm_jax.platform import cpu, storage
-from tfm_jax.viz import attention as attention_plot
 
 
 def _cli(fn):
@@ -165,6 +164,10 @@ def cmd_evaluate(args, overrides: dict[str, str]) -> int:
 @_cli
 def cmd_attention(args, overrides: dict[str, str]) -> int:
     """PNG heatmaps of encoder self-, decoder self- and encoder-decoder attention."""
+    # here, not at the top: every command's parser imports this module, and matplotlib's import
+    # (~0.35 s) is this command's alone
+    from tfm_jax.viz import attention as attention_plot
+
     cfg, model, params, tokenizer, _ = _setup(args, overrides)
     out_dir = args.out or storage.join(args.workdir, "attention")
     files = attention_plot.plot_sentence(
