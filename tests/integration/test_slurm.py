@@ -50,8 +50,8 @@ def submit(slurm, workdir, output, corpus) -> str:
     """The template as a user submits it from the repository root, with sbatch options in place
     of the GPU ones it is written with (this node has 2 CPUs and no GPU; --oversubscribe lets
     two such jobs share them, so the test's two run side by side)."""
-    env = dict(slurm.env, **process_env(), CONFIG="configs/small.py", WORKDIR=str(workdir),
-               ACCELERATOR_DEFAULTS="", PYTHON=sys.executable)  # fmt: skip
+    env = process_env(SLURM_CONF=slurm.conf, CONFIG="configs/small.py", WORKDIR=str(workdir),
+                      ACCELERATOR_DEFAULTS="", PYTHON=sys.executable)  # fmt: skip
     argv = ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
             "--cpus-per-task=1", "--oversubscribe", "--time=30", f"--output={output}", TEMPLATE,
             *cli_args(tiny_run_overrides(corpus, **RUN))]  # fmt: skip
