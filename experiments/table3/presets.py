@@ -162,6 +162,7 @@ def _preset(preset: str, row: str, data_dir: str | None) -> dict:
             "data.tokens_per_batch": 512,
             "data.packing": True,
             "data.packed_length": 64,
+            "data.num_buckets": 2,  # evaluation and decoding compile once per bucket shape
             "optim.warmup_steps": 4,
             "train.log_every_steps": 5,
             "train.eval_every_steps": 100_000,

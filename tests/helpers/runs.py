@@ -43,6 +43,9 @@ def tiny_run_overrides(data_dir, **extra):
         "data.tokens_per_batch": 512,
         "data.packing": True,
         "data.packed_length": 64,
+        # evaluation and decoding batch by length bucket, one compile per bucket shape in every
+        # process: 2 buckets, not the default 8 (a tiny train + evaluate: ~30 s -> ~24 s)
+        "data.num_buckets": 2,
         "data.test_split": "val",
         "optim.warmup_steps": 20,
         "train.num_steps": 12,
