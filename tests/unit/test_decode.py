@@ -411,6 +411,17 @@ def test_rejects_bad_arguments():
         search.beam_search(fn, init_cache(1), alpha=-0.5, **kwargs)
 
 
+@functools.partial(jax.jit, static_argnames=("max_decode_len", "exact_beams"))
+def run_beam_output(tables, max_lengths, *, max_decode_len, exact_beams):
+    """The whole BeamSearchOutput (complete flags included) of a beam-4, alpha-0.6 search. The
+    tables are an argument, not a constant, so that every seed shares one program per buffer."""
+    return search.beam_search(
+        make_tokens_to_logits(tables), init_cache(tables.shape[0]), batch_size=tables.shape[0],
+        max_decode_len=max_decode_len, max_lengths=max_lengths, beam_size=4, alpha=0.6,
+        exact_beams=exact_beams,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_short_buffer_is_exact_where_complete(seed):
     """A buffer shorter than max_lengths: every sentence it reports complete equals a full-buffer
@@ -419,16 +430,13 @@ def test_short_buffer_is_exact_where_complete(seed):
     tables[..., EOS_ID] += 1.0 + seed % 2
     max_lengths = jnp.array([12, 9, 12, 5])
     fn = make_tokens_to_logits(jnp.asarray(tables))
-    kw = dict(batch_size=4, max_lengths=max_lengths, beam_size=4, alpha=0.6)
     for exact_beams in ("all", "best"):
-        full = search.beam_search(
-            fn, init_cache(4), max_decode_len=12, exact_beams=exact_beams, **kw
-        )
+        full = run_beam_output(tables, max_lengths, max_decode_len=12, exact_beams=exact_beams)
         assert np.all(full.complete)
         flags = []
         for short_len in range(1, 12):
-            short = search.beam_search(
-                fn, init_cache(4), max_decode_len=short_len, exact_beams=exact_beams, **kw
+            short = run_beam_output(
+                tables, max_lengths, max_decode_len=short_len, exact_beams=exact_beams
             )
             flags.append(np.asarray(short.complete))
             beams = slice(None) if exact_beams == "all" else slice(0, 1)  # what is exact
