@@ -1,7 +1,7 @@
 """One (row, seed) run of the Table 3 sweep: in its own workdir <root>/<ROW>/seed<K>/ (a
 variant's: <root>/variants/<NAME>/<ROW>/seed<K>/), `python -m tfm_jax train`, then `evaluate
 --split=validation` (dev perplexity and dev BLEU with beam search and no checkpoint averaging, as
-the paper does for Table 3) at the best checkpoint and at the latest, and `params`.
+the paper does for Table 3) at the best checkpoint and at the latest (its scores: the size).
 
 The best checkpoint: every dev evaluation step is also a checkpoint step, all are kept while the
 run trains, and once it is evaluated only the best (lowest dev NLL) and the latest stay.
@@ -227,13 +227,6 @@ def run_one(
         at_best = evaluate(workdir, str(best_step), log_path, env)
     _keep_only(workdir, {best_step, latest})
     eval_s = time.time() - t0 - train_s
-    params = json.loads(
-        run_cmd(
-            ["params", f"--config=configs/table3.py:{row}", "--json"] + cli_args(overrides),
-            log_path,
-            env,
-        )
-    )["rows"]
     result = {
         "row": row,
         "seed": int(seed),
@@ -247,7 +240,8 @@ def run_one(
         "bleu_latest": scores["bleu"],
         "ppl_best_evaluated": at_best["ppl"],
         "bleu_tok_compound": at_best.get("bleu_tok_compound"),
-        "params": next(iter(params.values()))["params"],
+        # the evaluated params' size: `params --json` for this config, without its own process
+        "params": scores["params"],
         "vocab_sha256": vocab_digest(overrides["data.vocab_path"]),
         "data_sha256": data_digest(overrides.get("data.dir")),
         "platform": platform_of_log(log_path),  # the sweep mixes machines: which ran this one

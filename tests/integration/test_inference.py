@@ -396,6 +396,7 @@ def test_evaluate_writes_scores(run, capsys):
     assert scores["bleu"] == max(a["bleu"] for a in scores["by_alpha"].values())
     assert scores["ppl"] == pytest.approx(np.exp(scores["nll"]))
     assert scores["decode"]["beam_size"] == cfg.decode.beam_size
+    assert scores["params"] == scoring.count_params(cfg) > 0  # `params`'s count, from the weights
     for name in ("val.hyp.txt", "val.alpha0.6.hyp.txt", "val.alpha1.hyp.txt"):
         with open(os.path.join(out_dir, name)) as f:
             assert len(f.read().split("\n")) == 13

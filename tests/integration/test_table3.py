@@ -18,6 +18,7 @@ from helpers.runs import write_tiny_corpus
 
 from experiments.table3 import commands, presets, runner, sweep
 from experiments.table3.presets import TABLE3
+from tfm_jax.cli.main import main as cli_main
 from tfm_jax.platform import host as hostenv
 from tfm_jax.train.resume import CADENCE_KEYS
 
@@ -133,6 +134,13 @@ def test_micro_sweep_seeds_resume_and_budget(tmp_path, capsys):
     assert result["seed"] == 0 and result["overrides"]["train.seed"] == 0
     assert [s for s, _ in result["dev_curve"]] == [5]  # micro evaluates at the end only
     assert os.path.exists(result["overrides"]["data.vocab_path"])  # shared, under the root
+    # its size, from the evaluated weights, is what `params` counts for its config
+    config = os.path.join(REPO, "configs", "table3.py") + ":D0.0"
+    capsys.readouterr()
+    overrides = presets.cli_args(result["overrides"])
+    assert cli_main(["params", f"--config={config}", "--json", *overrides]) == 0
+    counted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]["D0.0"]
+    assert result["params"] == counted["params"] > 0
     # the machine that trained it, from the train log's header: the sweep mixes machines
     assert result["platform"] == f"cpu ({hostenv.cpu_model() or 'unknown processor'})"
     md = (out / "table3_micro.md").read_text()

@@ -77,7 +77,8 @@ def evaluate_split(
     validation split, as the paper did (§6.1), not on the test split.
     Out_dir defaults to <workdir>/eval/<checkpoint_name>.
     `model` and `params` may be an ensemble's (decode/translate.py); `members` then describes
-    them ({"workdir", "checkpoint"} each), recorded in scores.json as "ensemble".
+    them ({"workdir", "checkpoint"} each), recorded in scores.json as "ensemble"; a single
+    model's parameter count is recorded as "params".
     """
     alphas = tuple(alphas) if alphas else (cfg.decode.alpha,)
     name = resolve_split(cfg, split)
@@ -128,6 +129,8 @@ def evaluate_split(
     )
     if members:
         scores["ensemble"] = [dict(m) for m in members]
+    else:  # the model's size, read off the params evaluated (Table 3's column)
+        scores["params"] = scoring.size_of(params)
     if len(alphas) > 1:
         scores["by_alpha"] = by_alpha
         scores["alpha_selection"] = (

@@ -74,7 +74,12 @@ def count_params(cfg: ml_collections.ConfigDict) -> int:
     """Parameter count of cfg.model from shapes alone (jax.eval_shape: nothing is allocated)."""
     model = make_model(cfg)
     shapes = jax.eval_shape(lambda rng: boxed_params(model, rng), jax.random.PRNGKey(0))
-    return sum(int(x.size) for x in jax.tree.leaves(nn.unbox(shapes)))
+    return size_of(nn.unbox(shapes))
+
+
+def size_of(params) -> int:
+    """Number of parameters in a params tree (arrays or shapes)."""
+    return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
 def model_forward(model: Transformer, params, batch: Batch, *, deterministic: bool, rngs=None):
