@@ -182,7 +182,7 @@ done
 QS_ARGS=()
 if [[ -n $DATA && $MODE == cpu ]]; then  # a tiny corpus and model, as tests/integration/test_readme.py runs
   mkdir -p "$WORK/multi30k"
-  for split in train:1500 val:64 test_2016_flickr:64; do
+  for split in train:1500 val:16 test_2016_flickr:16; do
     for lang in en de; do
       head -n "${split#*:}" "$DATA/${split%:*}.$lang" >"$WORK/multi30k/${split%:*}.$lang"
     done
@@ -195,7 +195,7 @@ if [[ -n $DATA && $MODE == cpu ]]; then  # a tiny corpus and model, as tests/int
            --config.optim.warmup_steps=20 --config.train.num_steps=12
            --config.train.log_every_steps=4 --config.train.eval_every_steps=6
            --config.train.checkpoint_every_steps=4 --config.train.average_last=2
-           --config.decode.max_extra_len=10)
+           --config.decode.max_extra_len=10 --config.data.num_buckets=2)
 fi
 if [[ -z $DATA ]]; then
   say "quickstart: no Multi30k (run experiments/gpu_wheels.sh here and carry experiments/data)"
