@@ -93,8 +93,10 @@ def test_compile_for_a_gpu_node_counts_flops_where_xla_does_not():
 
 @needs_tpu
 def test_a_config_that_does_not_fit_a_tpu_is_one_line():
-    # a 32k vocabulary's logits over 250k tokens a chip: ~60 GiB of temporaries on a 16 GiB chip
-    big_logits = ["--config.model.vocab_size=32000", "--config.data.tokens_per_batch=1000000"]
+    # a 32k vocabulary's logits over 250k tokens a chip: ~60 GiB of temporaries on a 16 GiB chip;
+    # one length bucket: 2 programs to compile, not 4 (a v5e-4's 24 s -> 8 s on 2 cores)
+    big_logits = ["--config.model.vocab_size=32000", "--config.data.tokens_per_batch=1000000",
+                  "--config.data.num_buckets=1"]  # fmt: skip
     out = run_compile("v5e-4", *big_logits, json_out=False)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
@@ -104,8 +106,10 @@ def test_a_config_that_does_not_fit_a_tpu_is_one_line():
 
 @needs_cuda
 def test_a_config_that_does_not_fit_a_gpu_is_one_line():
-    # 1M tokens a GPU of a 32k vocabulary's logits, against the 75% of 80 GB JAX preallocates
-    big_logits = ["--config.model.vocab_size=32000", "--config.data.tokens_per_batch=8000000"]
+    # 1M tokens a GPU of a 32k vocabulary's logits, against the 75% of 80 GB JAX preallocates;
+    # one length bucket: 2 programs to compile, not 4 (an h100x8's 39 s -> 24 s on 2 cores)
+    big_logits = ["--config.model.vocab_size=32000", "--config.data.tokens_per_batch=8000000",
+                  "--config.data.num_buckets=1"]  # fmt: skip
     out = run_compile("h100x8", *big_logits, json_out=False)
     assert out.returncode == 1, out.stderr[-3000:]
     assert "Traceback" not in out.stderr
