@@ -290,8 +290,9 @@ def test_two_pass_decoding_equals_one_full_pass(loaded, monkeypatch):
     """decode.first_pass_extra_len: a short first buffer, then the full length for the sentences
     it cut off, gives exactly the one-pass outputs."""
     cfg, model, params, tokenizer = loaded
-    # Unpadded source lengths, so that a first buffer of source length + 1 cuts some outputs.
-    monkeypatch.setattr(translate, "SRC_LEN_MULTIPLE", 1)
+    # Sources padded to multiples of 4, not 16, so that a first buffer of padded length + 1 cuts
+    # some outputs (6 of the 13 here); unpadded (1), each length compiled alone, took twice as long.
+    monkeypatch.setattr(translate, "SRC_LEN_MULTIPLE", 4)
     rng = np.random.default_rng(5)
     # Real sentences and random ids: outputs of several lengths, some longer than source + 1.
     sources = tokenizer.encode_batch(_corpus(8, seed=7)[0])
