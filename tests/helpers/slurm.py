@@ -59,10 +59,11 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-# a requeued job may restart 11 s after it stops (the default 120 s makes it ~145 s), and the
-# main scheduler, which starts it, looks every second (by default the next look, of it or of
-# the backfill scheduler, came 13 to 53 s later)
-AuthInfo=cred_expire=10
+# a requeued job may restart 6 s after it stops (the default 120 s makes it ~145 s; 10 made it
+# 11 s; 5 is the least SLURM takes: below it logs "invalid" and keeps 120), and the main
+# scheduler, which starts it, looks every second (by default the next look, of it or of the
+# backfill scheduler, came 13 to 53 s later)
+AuthInfo=cred_expire=5
 SchedulerParameters=sched_interval=1
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

@@ -28,7 +28,7 @@ from tfm_jax.train.trainer import make_trainer
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.slow]
 
 TEMPLATE = os.path.join("configs", "launch", "slurm.sbatch")
-STEPS = 240
+STEPS = 120  # 240 took ~30 s longer, and tests nothing more
 RUN = {"train.num_steps": STEPS, "train.log_every_steps": 10, "train.eval_every_steps": 10_000,
        "train.checkpoint_every_steps": 10_000}  # fmt: skip
 
@@ -94,9 +94,9 @@ def test_template_preempted_twice_resumes_to_the_uninterrupted_params(slurm, cor
     out_a, out_b = tmp_path / "straight.out", tmp_path / "preempted.out"
     job_a = submit(slurm, tmp_path / "straight", out_a, corpus)
     job_b = submit(slurm, tmp_path / "preempted", out_b, corpus)
-    wait_until("step 40", lambda: reached(out_b, 1, 40), slurm, job_b)
+    wait_until("step 20", lambda: reached(out_b, 1, 20), slurm, job_b)
     slurm.run("scancel", "--signal=TERM", job_b)  # what --signal=TERM@120 sends at a time limit
-    wait_until("the requeued attempt", lambda: reached(out_b, 2, 120), slurm, job_b)
+    wait_until("the requeued attempt", lambda: reached(out_b, 2, 60), slurm, job_b)
     slurm.run("scontrol", "requeue", job_b)  # the scheduler preempts and requeues the job itself
 
     # the uninterrupted job: 2 processes, one log
@@ -119,7 +119,7 @@ def test_template_preempted_twice_resumes_to_the_uninterrupted_params(slurm, cor
     assert first_stop and "requeueing job" in runs[0], runs[0]
     assert f"Resumed from step {first_stop.group(1)} in" in runs[1], runs[1]
     second_stop = re.search(r"SIGTERM: stopped at step (\d+) of", runs[1])
-    assert second_stop and int(second_stop.group(1)) >= 120, runs[1]
+    assert second_stop and int(second_stop.group(1)) >= 60, runs[1]
     assert f"Resumed from step {second_stop.group(1)} in" in runs[2], runs[2]
     assert re.findall(r"^step (\d+)/", runs[2], flags=re.M)[-1] == str(STEPS)
 
