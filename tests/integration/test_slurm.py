@@ -28,7 +28,7 @@ from tfm_jax.train.trainer import make_trainer
 pytestmark = [pytest.mark.slurm, pytest.mark.multiprocess, pytest.mark.slow]
 
 TEMPLATE = os.path.join("configs", "launch", "slurm.sbatch")
-STEPS = 120  # 240 took ~30 s longer, and tests nothing more
+STEPS = 120  # 240 took ~10 s longer and tested nothing more
 RUN = {"train.num_steps": STEPS, "train.log_every_steps": 10, "train.eval_every_steps": 10_000,
        "train.checkpoint_every_steps": 10_000}  # fmt: skip
 
