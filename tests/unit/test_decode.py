@@ -51,10 +51,15 @@ def init_cache(batch_size, rows=None):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("beam_size", "alpha", "max_decode_len", "early_stopping")
+    jax.jit,
+    static_argnames=("beam_size", "alpha", "max_decode_len", "early_stopping", "exact_beams"),
 )
-def run_beam(tables, rows, max_lengths, *, beam_size, alpha, max_decode_len, early_stopping=True):
-    """(sequences, scores); every test here uses a full-length buffer."""
+def run_beam_output(
+    tables, rows, max_lengths, *, beam_size, alpha, max_decode_len, early_stopping=True,
+    exact_beams="all",
+):  # fmt: skip
+    """The whole BeamSearchOutput. The tables are an argument, not a constant, so that tables
+    of one shape (each test's seeds) share one program per setting."""
     return search.beam_search(
         make_tokens_to_logits(tables),
         init_cache(rows.shape[0], rows),
@@ -64,7 +69,13 @@ def run_beam(tables, rows, max_lengths, *, beam_size, alpha, max_decode_len, ear
         beam_size=beam_size,
         alpha=alpha,
         early_stopping=early_stopping,
-    )[:2]
+        exact_beams=exact_beams,
+    )
+
+
+def run_beam(tables, rows, max_lengths, **kwargs):
+    """(sequences, scores); every test that uses it has a full-length buffer."""
+    return run_beam_output(tables, rows, max_lengths, **kwargs)[:2]
 
 
 @functools.partial(jax.jit, static_argnames=("max_decode_len",))
@@ -411,17 +422,6 @@ def test_rejects_bad_arguments():
         search.beam_search(fn, init_cache(1), alpha=-0.5, **kwargs)
 
 
-@functools.partial(jax.jit, static_argnames=("max_decode_len", "exact_beams"))
-def run_beam_output(tables, max_lengths, *, max_decode_len, exact_beams):
-    """The whole BeamSearchOutput (complete flags included) of a beam-4, alpha-0.6 search. The
-    tables are an argument, not a constant, so that every seed shares one program per buffer."""
-    return search.beam_search(
-        make_tokens_to_logits(tables), init_cache(tables.shape[0]), batch_size=tables.shape[0],
-        max_decode_len=max_decode_len, max_lengths=max_lengths, beam_size=4, alpha=0.6,
-        exact_beams=exact_beams,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("seed", range(4))
 def test_short_buffer_is_exact_where_complete(seed):
     """A buffer shorter than max_lengths: every sentence it reports complete equals a full-buffer
@@ -430,14 +430,20 @@ def test_short_buffer_is_exact_where_complete(seed):
     tables[..., EOS_ID] += 1.0 + seed % 2
     max_lengths = jnp.array([12, 9, 12, 5])
     fn = make_tokens_to_logits(jnp.asarray(tables))
+    # jitted, the seeds sharing each buffer length's program (un-jitted, each seed's closure over
+    # its tables compiled all 24 searches again)
+    kw = dict(beam_size=4, alpha=0.6)
     for exact_beams in ("all", "best"):
-        full = run_beam_output(tables, max_lengths, max_decode_len=12, exact_beams=exact_beams)
+        full = run_beam_output(
+            tables, jnp.arange(4), max_lengths, max_decode_len=12, exact_beams=exact_beams, **kw
+        )
         assert np.all(full.complete)
         flags = []
         for short_len in range(1, 12):
             short = run_beam_output(
-                tables, max_lengths, max_decode_len=short_len, exact_beams=exact_beams
-            )
+                tables, jnp.arange(4), max_lengths, max_decode_len=short_len,
+                exact_beams=exact_beams, **kw,
+            )  # fmt: skip
             flags.append(np.asarray(short.complete))
             beams = slice(None) if exact_beams == "all" else slice(0, 1)  # what is exact
             for b in np.flatnonzero(short.complete):
